@@ -1,0 +1,156 @@
+"""Shared base config: every variant file starts from `get_config(scale)`.
+
+Scales (the config-string argument, `configs/g1_elementwise.py:<scale>`):
+  tiny            a dense model that trains on a 2-core CPU in minutes (the default)
+  dense_1p7b_28l  the paper's 1.7B dense model, 28 layers
+  dense_1p7b_48l  the paper's 1.7B dense model, 48 layers
+  moe_15a2b       the paper's 15B-total / 2B-active MoE (128 experts, top-8)
+  moe_tiny        a CPU-sized MoE (8 experts, top-2)
+"""
+
+import ml_collections
+
+SCALES = ('tiny', 'dense_1p7b_28l', 'dense_1p7b_48l', 'moe_15a2b', 'moe_tiny')
+QWEN_VOCAB = 151_936
+
+
+def gate_config() -> ml_collections.ConfigDict:
+  """The gate spec. `position='none'` is the ungated baseline (see gating.py)."""
+  return ml_collections.ConfigDict(dict(
+      position='none',          # none | g1 (SDPA out) | g2 (value) | g3 (key) | g4 (query) | g5 (W_O out)
+      kind='gate',              # gate | rmsnorm (per-head RMSNorm of Y) | silu_noparam (SiLU(Y)); the last two G1 only
+      granularity='elementwise',  # elementwise | headwise (one scalar per head)
+      head_shared=False,        # average the per-head gate over heads and apply it to every head
+      shared_reduce='score',    # head-shared: average post-activation scores ('score') or logits ('logit')
+      mode='multiplicative',    # multiplicative: Y * act(XW) | additive: Y + act(XW)
+      activation='sigmoid',     # sigmoid | silu | ns_sigmoid (0.5 + 0.5 sigmoid) | identity
+      input_dependent=True,     # False: a learnable zero-initialised parameter, no dependence on X
+      after_qk_norm_rope=False,  # G3/G4 only: gate after QK-norm and RoPE instead of on the projection
+  ))
+
+
+def moe_config() -> ml_collections.ConfigDict:
+  """Mixture-of-Experts settings. `num_experts=0` is a dense FFN."""
+  return ml_collections.ConfigDict(dict(
+      num_experts=0,
+      top_k=0,
+      expert_ffn_size=0,
+      num_shared_experts=0,
+      renormalize=False,        # renormalise the selected top-k probabilities to sum to 1
+      lb_loss_coef=1e-3,
+      lb_loss_type='global',    # global (statistics over the whole global batch) | sequence
+      router_z_loss_coef=1e-3,
+      dispatch='dropless',      # dropless (sorted tokens + ragged_dot) | capacity
+      capacity_factor=1.25,
+  ))
+
+
+def model_config(scale: str) -> ml_collections.ConfigDict:
+  m = ml_collections.ConfigDict(dict(
+      vocab_size=384,
+      num_layers=4,
+      hidden_size=128,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=32,
+      ffn_size=384,
+      tie_embeddings=True,
+      qk_norm=True,
+      sandwich_norm=False,
+      norm_eps=1e-6,
+      rope_base=10_000.0,
+      rope_scaling=ml_collections.ConfigDict(dict(
+          type='none',          # none | yarn (filled in by the long-context work)
+          factor=1.0,
+          original_max_len=4096,
+      )),
+      init_std=0.02,
+      dtype='float32',          # compute dtype; params are always float32
+      scan_layers=True,
+      remat='none',             # none | full | dots (save matmul outputs) | dots_no_batch
+      attention_impl='auto',    # auto | xla | cudnn (passed to jax.nn.dot_product_attention)
+      gate=gate_config(),
+      moe=moe_config(),
+  ))
+  if scale == 'tiny':
+    pass
+  elif scale == 'dense_1p7b_28l':
+    m.update(vocab_size=QWEN_VOCAB, num_layers=28, hidden_size=2048, num_heads=16,
+             num_kv_heads=8, head_dim=128, ffn_size=6144, tie_embeddings=True,
+             dtype='bfloat16', remat='full')
+  elif scale == 'dense_1p7b_48l':
+    m.update(vocab_size=QWEN_VOCAB, num_layers=48, hidden_size=1536, num_heads=16,
+             num_kv_heads=8, head_dim=128, ffn_size=4608, tie_embeddings=True,
+             dtype='bfloat16', remat='full')
+  elif scale == 'moe_15a2b':
+    m.update(vocab_size=QWEN_VOCAB, num_layers=24, hidden_size=2048, num_heads=32,
+             num_kv_heads=4, head_dim=128, ffn_size=0, tie_embeddings=False,
+             dtype='bfloat16', remat='full')
+    m.moe.update(num_experts=128, top_k=8, expert_ffn_size=768)
+  elif scale == 'moe_tiny':
+    m.update(ffn_size=0, tie_embeddings=False)
+    m.moe.update(num_experts=8, top_k=2, expert_ffn_size=96)
+  else:
+    raise ValueError(f'Unknown scale {scale!r}; choose one of {", ".join(SCALES)} '
+                     '(for example configs/g1_elementwise.py:tiny).')
+  return m
+
+
+def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
+  scale = scale or 'tiny'
+  c = ml_collections.ConfigDict()
+  c.variant = 'baseline'
+  c.scale = scale
+  c.seed = 0
+  c.model = model_config(scale)
+  c.data = ml_collections.ConfigDict(dict(
+      source='builtin',         # builtin | text | jsonl | arrayrecord | parquet | hf
+      path='',                  # glob for text/jsonl/arrayrecord/parquet; dataset name for hf
+      hf_config='',             # hf: dataset config name
+      hf_split='train',
+      text_field='text',        # jsonl/parquet/hf/arrayrecord(JSON records) field with the text
+      tokenizer='byte',         # byte | path to a HF tokenizer.json | path to a sentencepiece .model
+      seq_len=128,
+      val_fraction=0.01,        # held-out documents (by a hash of their index)
+      val_batches=4,            # batches in one validation pass
+      shuffle_buffer=1024,
+      worker_count=0,
+  ))
+  c.train = ml_collections.ConfigDict(dict(
+      steps=600,
+      batch_size=16,            # global batch, in sequences
+      grad_accum=1,             # micro-batches per step (batch_size must divide)
+      learning_rate=3e-3,
+      min_learning_rate=3e-5,
+      warmup_steps=60,
+      b1=0.9,
+      b2=0.95,
+      eps=1e-8,
+      weight_decay=0.1,
+      grad_clip=1.0,
+      z_loss=0.0,               # logits z-loss coefficient
+      log_every=20,
+      eval_every=200,
+      checkpoint_every=200,
+      keep_checkpoints=3,
+  ))
+  c.mesh = ml_collections.ConfigDict(dict(
+      data=-1, fsdp=1, tensor=1, expert=1,
+      dcn_data=1,               # slices/hosts split over the data axis (multi-slice)
+      rules='data_parallel',    # data_parallel | fsdp | fsdp_tensor | fsdp_expert
+  ))
+  c.distributed = ml_collections.ConfigDict(dict(
+      coordinator_address='',   # empty: from the environment (or single process)
+      num_processes=0,
+      process_id=-1,
+  ))
+  if scale in ('dense_1p7b_28l', 'dense_1p7b_48l', 'moe_15a2b'):
+    c.data.seq_len = 4096
+    c.data.tokenizer = ''       # must be set to Qwen's tokenizer.json for these scales
+    c.train.update(batch_size=1024, steps=100_000, warmup_steps=1000,
+                   learning_rate=4e-3 if scale.startswith('dense') else 2e-3,
+                   min_learning_rate=3e-5, eval_every=1000, checkpoint_every=1000, log_every=10)
+    c.mesh.update(data=1, fsdp=-1, rules='fsdp')
+  if scale == 'moe_tiny':
+    c.mesh.update(rules='data_parallel')
+  return c
