@@ -66,7 +66,6 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
       )),
       init_std=0.02,
       dtype='float32',          # compute dtype; params are always float32
-      scan_layers=True,
       remat='none',             # none | full | dots (save matmul outputs) | dots_no_batch
       attention_impl='auto',    # auto | xla | cudnn (passed to jax.nn.dot_product_attention)
       gate=gate_config(),

@@ -1,0 +1,13 @@
+"""G1 additive: Y + SiLU(XW)."""
+
+from configs import base
+
+
+def get_config(scale: str = 'tiny'):
+  c = base.get_config(scale)
+  c.variant = 'g1_additive_silu'
+  g = c.model.gate
+  g.position = 'g1'
+  g.mode = 'additive'
+  g.activation = 'silu'
+  return c

@@ -1,0 +1,12 @@
+"""G1 elementwise, multiplicative, SiLU activation."""
+
+from configs import base
+
+
+def get_config(scale: str = 'tiny'):
+  c = base.get_config(scale)
+  c.variant = 'g1_elementwise_silu'
+  g = c.model.gate
+  g.position = 'g1'
+  g.activation = 'silu'
+  return c

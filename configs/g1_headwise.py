@@ -1,0 +1,12 @@
+"""G1 headwise: one sigmoid scalar per head multiplies the SDPA output."""
+
+from configs import base
+
+
+def get_config(scale: str = 'tiny'):
+  c = base.get_config(scale)
+  c.variant = 'g1_headwise'
+  g = c.model.gate
+  g.position = 'g1'
+  g.granularity = 'headwise'
+  return c

@@ -1,0 +1,12 @@
+"""G1 per-head RMSNorm of the SDPA output (the paper's 'SDPA GroupNorm')."""
+
+from configs import base
+
+
+def get_config(scale: str = 'tiny'):
+  c = base.get_config(scale)
+  c.variant = 'g1_rmsnorm'
+  g = c.model.gate
+  g.position = 'g1'
+  g.kind = 'rmsnorm'
+  return c

@@ -1,0 +1,11 @@
+"""G2 elementwise: sigmoid gate on the value projection (per KV head)."""
+
+from configs import base
+
+
+def get_config(scale: str = 'tiny'):
+  c = base.get_config(scale)
+  c.variant = 'g2_elementwise'
+  g = c.model.gate
+  g.position = 'g2'
+  return c

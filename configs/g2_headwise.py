@@ -1,0 +1,12 @@
+"""G2 headwise: one sigmoid scalar per KV head gates the values."""
+
+from configs import base
+
+
+def get_config(scale: str = 'tiny'):
+  c = base.get_config(scale)
+  c.variant = 'g2_headwise'
+  g = c.model.gate
+  g.position = 'g2'
+  g.granularity = 'headwise'
+  return c

@@ -1,0 +1,11 @@
+"""G3 elementwise: sigmoid gate on the key projection (per KV head)."""
+
+from configs import base
+
+
+def get_config(scale: str = 'tiny'):
+  c = base.get_config(scale)
+  c.variant = 'g3_elementwise'
+  g = c.model.gate
+  g.position = 'g3'
+  return c

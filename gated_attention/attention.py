@@ -1,0 +1,88 @@
+"""Grouped-query attention with QK-norm, RoPE and the gate's hook points.
+
+Shapes: B batch, T sequence, D hidden, H query heads, K KV heads, G = H // K, d head_dim.
+Query head h uses KV head h // G (group-major), as jax.nn.dot_product_attention does.
+
+Training calls `jax.nn.dot_product_attention` (cuDNN flash attention on GPU). With
+`inspect=True` the probabilities are computed explicitly and summarised into `stats`:
+F-Attn per head, a head-averaged attention map, gate scores and SDPA sparsity.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gated_attention import gating, sharding
+from gated_attention.layers import RMSNorm, param
+from gated_attention.rope import RoPE
+
+
+def explicit_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd):
+  """Causal softmax attention written out; returns (output, probs_BxHxTxT in float32)."""
+  B, T, H, d = q_BxTxHxd.shape
+  K = k_BxTxKxd.shape[2]
+  q_BxTxKxGxd = q_BxTxHxd.reshape(B, T, K, H // K, d)
+  logits = jnp.einsum('btkgd,bskd->bkgts', q_BxTxKxGxd, k_BxTxKxd,
+                      preferred_element_type=jnp.float32) / jnp.sqrt(d).astype(jnp.float32)
+  causal_TxT = jnp.tril(jnp.ones((T, T), bool))
+  logits = jnp.where(causal_TxT, logits, jnp.finfo(jnp.float32).min)
+  probs_BxKxGxTxT = jax.nn.softmax(logits, axis=-1)
+  out = jnp.einsum('bkgts,bskd->btkgd', probs_BxKxGxTxT.astype(v_BxTxKxd.dtype), v_BxTxKxd)
+  return out.reshape(B, T, H, d), probs_BxKxGxTxT.reshape(B, H, T, T)
+
+
+def sparsity(y: jax.Array) -> dict:
+  a = jnp.abs(y.astype(jnp.float32))
+  return {'abs_mean': jnp.mean(a), 'frac_below_1e-2': jnp.mean(a < 1e-2),
+          'frac_below_1e-3': jnp.mean(a < 1e-3)}
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    D, H, K, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    if H % K:
+      raise ValueError(f'config.model.num_heads={H} must be a multiple of num_kv_heads={K}.')
+    std = cfg.init_std
+    self.wq = param(rngs, (D, H, d), ('embed', 'heads', 'head_dim'), std)
+    self.wk = param(rngs, (D, K, d), ('embed', 'kv_heads', 'head_dim'), std)
+    self.wv = param(rngs, (D, K, d), ('embed', 'kv_heads', 'head_dim'), std)
+    self.wo = param(rngs, (H, d, D), ('heads', 'head_dim', 'embed'), std)
+    self.q_norm = RMSNorm(d, eps=cfg.norm_eps, axis_name='head_dim') if cfg.qk_norm else None
+    self.k_norm = RMSNorm(d, eps=cfg.norm_eps, axis_name='head_dim') if cfg.qk_norm else None
+    self.rope = RoPE(d, cfg.rope_base, cfg.rope_scaling.to_dict()
+                     if hasattr(cfg.rope_scaling, 'to_dict') else cfg.rope_scaling)
+    self.gate = gating.Gate(gating.GateSpec.from_config(cfg.gate), hidden_size=D, num_heads=H,
+                            num_kv_heads=K, head_dim=d, init_std=std, rngs=rngs)
+    self.dtype = jnp.dtype(cfg.dtype)
+    self.impl = None if cfg.attention_impl == 'auto' else cfg.attention_impl
+    self.attn_map_len = 128
+
+  def __call__(self, x_BxTxD: jax.Array, positions_BxT: jax.Array, *,
+               inspect: bool = False) -> tuple[jax.Array, dict]:
+    dt, gate = self.dtype, self.gate
+    stats = {} if inspect else None
+    q = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wq[...].astype(dt))
+    k = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wk[...].astype(dt))
+    v = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wv[...].astype(dt))
+    q, k, v = gate('q', q, x_BxTxD, stats), gate('k', k, x_BxTxD, stats), gate('v', v, x_BxTxD, stats)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q, k = self.rope.apply(q, positions_BxT), self.rope.apply(k, positions_BxT)
+    q, k = gate('q_rope', q, x_BxTxD, stats), gate('k_rope', k, x_BxTxD, stats)
+    q = sharding.constrain(q, ('batch', 'seq', 'act_heads', 'head_dim'))
+
+    if inspect:
+      y_BxTxHxd, probs_BxHxTxT = explicit_attention(q, k, v)
+      n = min(self.attn_map_len, probs_BxHxTxT.shape[-1])
+      stats['f_attn_H'] = jnp.mean(probs_BxHxTxT[:, :, 1:, 0], axis=(0, 2))  # queries 1..T-1
+      stats['attn_map'] = jnp.mean(probs_BxHxTxT[0, :, :n, :n], axis=0)
+      stats['sdpa_pre_gate'] = sparsity(y_BxTxHxd)
+    else:
+      y_BxTxHxd = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.impl)
+    y_BxTxHxd = gate('sdpa', y_BxTxHxd, x_BxTxD, stats)
+    if inspect:
+      stats['sdpa_post_gate'] = sparsity(y_BxTxHxd)
+    out_BxTxD = jnp.einsum('bthk,hkd->btd', y_BxTxHxd, self.wo[...].astype(dt))
+    out_BxTxD = gate('out', out_BxTxD, x_BxTxD, stats)
+    return out_BxTxD, stats or {}

@@ -1,0 +1,168 @@
+"""The gate: every gated-attention variant of Qiu et al. (2025) in one module.
+
+    Y' = Y * act(X W)        (multiplicative)       Y' = Y + act(X W)   (additive)
+
+X is the block's normalised input (the tensor that feeds Q, K, V); the gate is computed from it
+in float32. Attention calls `gate(hook, y, x)` at each of its hook points; only the hook that the
+spec resolves to acts, every other call returns `y` unchanged. So attention.py has no branches
+on the variant, and each variant is a few lines of config (see configs/).
+
+Hooks (where attention calls the gate) and the tensors they see:
+  'q', 'q_rope'  query projection, before / after QK-norm and RoPE   [B, T, H, d]   (G4)
+  'k', 'k_rope'  key projection, before / after QK-norm and RoPE     [B, T, K, d]   (G3)
+  'v'            value projection                                    [B, T, K, d]   (G2)
+  'sdpa'         SDPA output, before W_O                             [B, T, H, d]   (G1)
+  'out'          output of W_O                                       [B, T, D]      (G5)
+
+Choices where the paper is silent (each is a config switch):
+  * head-shared gates average post-activation scores over heads (`shared_reduce='score'`), or
+    logits (`'logit'`);
+  * G3/G4 gate the projection output directly (`after_qk_norm_rope=False`), or after QK-norm
+    and RoPE;
+  * G5 gates the model dimension, which has no heads: headwise or head-shared G5 is rejected.
+The gate has no bias (the authors widen a bias-free q_proj).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+POSITIONS = ('none', 'g1', 'g2', 'g3', 'g4', 'g5')
+KINDS = ('gate', 'rmsnorm', 'silu_noparam')
+ACTIVATIONS = {
+    'sigmoid': jax.nn.sigmoid,
+    'silu': jax.nn.silu,
+    'ns_sigmoid': lambda z: 0.5 + 0.5 * jax.nn.sigmoid(z),  # non-sparse: in [0.5, 1]
+    'identity': lambda z: z,
+}
+# Hook and the head count name of the gated tensor, per position (None: no head axis).
+_SITES = {'g1': ('sdpa', 'heads'), 'g2': ('v', 'kv_heads'), 'g3': ('k', 'kv_heads'),
+          'g4': ('q', 'heads'), 'g5': ('out', None)}
+
+
+@dataclasses.dataclass(frozen=True)
+class GateSpec:
+  position: str = 'none'
+  kind: str = 'gate'
+  granularity: str = 'elementwise'
+  head_shared: bool = False
+  shared_reduce: str = 'score'
+  mode: str = 'multiplicative'
+  activation: str = 'sigmoid'
+  input_dependent: bool = True
+  after_qk_norm_rope: bool = False
+
+  @classmethod
+  def from_config(cls, gate_cfg) -> 'GateSpec':
+    spec = cls(**dict(gate_cfg))
+    spec.validate()
+    return spec
+
+  def validate(self):
+    """Rejects meaningless combinations, naming the config field."""
+    def bad(field, msg):
+      raise ValueError(f'config.model.gate.{field}: {msg}')
+    choices = dict(position=POSITIONS, kind=KINDS, granularity=('elementwise', 'headwise'),
+                   shared_reduce=('score', 'logit'), mode=('multiplicative', 'additive'),
+                   activation=tuple(ACTIVATIONS))
+    for field, allowed in choices.items():
+      if getattr(self, field) not in allowed:
+        bad(field, f'{getattr(self, field)!r} is not one of {", ".join(allowed)}.')
+    if self.position == 'none':
+      return
+    if self.kind != 'gate' and self.position != 'g1':
+      bad('kind', f'{self.kind!r} transforms the SDPA output, so it needs position g1, '
+          f'not {self.position!r}.')
+    if self.position == 'g5' and self.granularity == 'headwise':
+      bad('granularity', 'G5 gates the model dimension, which has no heads; use elementwise.')
+    if self.position == 'g5' and self.head_shared:
+      bad('head_shared', 'G5 gates the model dimension, which has no heads; set it to False.')
+    if self.after_qk_norm_rope and self.position not in ('g3', 'g4'):
+      bad('after_qk_norm_rope', 'only G3 (keys) and G4 (queries) pass through QK-norm and '
+          f'RoPE; set it to False for {self.position!r}.')
+
+  @property
+  def hook(self) -> str | None:
+    if self.position == 'none':
+      return None
+    hook = _SITES[self.position][0]
+    return hook + '_rope' if self.after_qk_norm_rope else hook
+
+  @property
+  def has_params(self) -> bool:
+    return self.position != 'none' and self.kind != 'silu_noparam'
+
+
+HIST_BINS = 20
+HIST_RANGE = {'sigmoid': (0.0, 1.0), 'ns_sigmoid': (0.0, 1.0), 'silu': (-0.5, 2.5),
+              'identity': (-3.0, 3.0)}
+
+
+def summarize_scores(s: jax.Array, activation: str) -> dict:
+  """Mean gate score, fraction below 0.1 and a histogram (out-of-range values clipped in)."""
+  lo, hi = HIST_RANGE[activation]
+  hist, _ = jnp.histogram(jnp.clip(s, lo, hi), bins=HIST_BINS, range=(lo, hi))
+  return {'mean': jnp.mean(s), 'frac_below_0.1': jnp.mean(s < 0.1),
+          'hist': hist.astype(jnp.float32) / s.size}
+
+
+class Gate(nnx.Module):
+  """One gate (or G1 non-linearity ablation) at the hook its spec names."""
+
+  def __init__(self, spec: GateSpec, *, hidden_size: int, num_heads: int, num_kv_heads: int,
+               head_dim: int, init_std: float, rngs: nnx.Rngs):
+    self.spec = spec
+    if spec.position == 'none' or spec.kind == 'silu_noparam':
+      return
+    head_axis = _SITES[spec.position][1]
+    if head_axis is None:                                   # G5: [D]
+      shape, axes = (hidden_size,), ('gate_out',)
+    else:
+      n = num_heads if head_axis == 'heads' else num_kv_heads
+      shape, axes = (n, head_dim), (head_axis, 'head_dim')
+    if spec.kind == 'rmsnorm':                              # per-head RMSNorm with a learned scale
+      self.scale = nnx.Param(jnp.ones(shape, jnp.float32), logical_axes=axes)
+      return
+    if spec.granularity == 'headwise':                      # one scalar per head
+      shape, axes = shape[:1], axes[:1]
+    if spec.input_dependent:
+      w = init_std * jax.random.truncated_normal(rngs.params(), -2, 2, (hidden_size, *shape))
+      self.kernel = nnx.Param(w.astype(jnp.float32), logical_axes=('embed', *axes))
+    else:                                                   # zero-initialised: sigmoid starts at 0.5
+      self.bias = nnx.Param(jnp.zeros(shape, jnp.float32), logical_axes=axes)
+
+  def scores(self, x_BxTxD: jax.Array) -> jax.Array:
+    """act(XW) in float32, shaped to broadcast against the gated tensor."""
+    spec = self.spec
+    if spec.input_dependent:
+      logits = jnp.einsum('btd,d...->bt...', x_BxTxD.astype(jnp.float32), self.kernel[...])
+    else:
+      logits = self.bias[...][None, None]
+    if spec.granularity == 'headwise':
+      logits = logits[..., None]                            # broadcast over head_dim
+    act = ACTIVATIONS[spec.activation]
+    if not spec.head_shared:
+      return act(logits)
+    if spec.shared_reduce == 'logit':
+      return act(jnp.mean(logits, axis=2, keepdims=True))
+    return jnp.mean(act(logits), axis=2, keepdims=True)
+
+  def __call__(self, hook: str, y: jax.Array, x_BxTxD: jax.Array,
+               stats: dict | None = None) -> jax.Array:
+    """Gates `y` if `hook` is this gate's site; records the scores in `stats` when given."""
+    spec = self.spec
+    if hook != spec.hook:
+      return y
+    y32 = y.astype(jnp.float32)
+    if spec.kind == 'silu_noparam':
+      return jax.nn.silu(y32).astype(y.dtype)
+    if spec.kind == 'rmsnorm':
+      ms = jnp.mean(jnp.square(y32), axis=-1, keepdims=True)
+      return (y32 * jax.lax.rsqrt(ms + 1e-6) * self.scale[...]).astype(y.dtype)
+    s = self.scores(x_BxTxD)
+    if stats is not None:
+      stats['gate'] = summarize_scores(s, spec.activation)
+    out = y32 * s if spec.mode == 'multiplicative' else y32 + s
+    return out.astype(y.dtype)

@@ -1,0 +1,57 @@
+"""Small building blocks: parameter init, RMSNorm, SwiGLU MLP, embedding."""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gated_attention import sharding
+
+
+def param(rngs: nnx.Rngs, shape, axes, std: float) -> nnx.Param:
+  """A float32 kernel ~ truncated normal(std), carrying its logical axis names."""
+  w = std * jax.random.truncated_normal(rngs.params(), -2.0, 2.0, shape, jnp.float32)
+  return nnx.Param(w, logical_axes=tuple(axes))
+
+
+class RMSNorm(nnx.Module):
+  """x / rms(x) * scale over the last axis, computed in float32."""
+
+  def __init__(self, dim: int, *, eps: float, axis_name: str = 'embed'):
+    self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), logical_axes=(axis_name,))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    ms = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    return (x32 * jax.lax.rsqrt(ms + self.eps) * self.scale[...]).astype(x.dtype)
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward: (silu(x W_gate) * x W_up) W_down."""
+
+  def __init__(self, dim: int, ffn: int, *, std: float, dtype, rngs: nnx.Rngs):
+    self.wi_gate = param(rngs, (dim, ffn), ('embed', 'mlp'), std)
+    self.wi_up = param(rngs, (dim, ffn), ('embed', 'mlp'), std)
+    self.wo = param(rngs, (ffn, dim), ('mlp', 'embed'), std)
+    self.dtype = dtype
+
+  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    dt = self.dtype
+    g_BxTxF = jnp.einsum('btd,df->btf', x_BxTxD, self.wi_gate[...].astype(dt))
+    u_BxTxF = jnp.einsum('btd,df->btf', x_BxTxD, self.wi_up[...].astype(dt))
+    h_BxTxF = sharding.constrain(jax.nn.silu(g_BxTxF) * u_BxTxF, ('batch', 'seq', 'mlp'))
+    return jnp.einsum('btf,fd->btd', h_BxTxF, self.wo[...].astype(dt))
+
+
+class Embed(nnx.Module):
+  """Token embedding; `attend` reuses the table as the LM head when embeddings are tied."""
+
+  def __init__(self, vocab: int, dim: int, *, std: float, dtype, rngs: nnx.Rngs):
+    self.embedding = param(rngs, (vocab, dim), ('vocab', 'embed'), std)
+    self.dtype = dtype
+
+  def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
+    return jnp.take(self.embedding[...], tokens_BxT, axis=0).astype(self.dtype)
+
+  def attend(self, x_BxTxD: jax.Array) -> jax.Array:
+    return jnp.einsum('btd,vd->btv', x_BxTxD, self.embedding[...].astype(self.dtype))
