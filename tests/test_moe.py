@@ -1,0 +1,204 @@
+"""Tests for gated_attention/moe.py against naive numpy (float64) and dense-jax references."""
+
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import base
+from gated_attention import moe as moe_lib
+
+B, T, D, E, K, F = 2, 6, 8, 4, 2, 5
+jax.config.update('jax_default_matmul_precision', 'highest')
+
+
+def make(dispatch='dropless', renormalize=False, shared=0, cf=1.25, lb='global', seed=0, dtype='float32'):
+  cfg = base.model_config('moe_tiny')
+  cfg.update(hidden_size=D, init_std=0.5, dtype=dtype)  # big std: well-separated router probabilities
+  cfg.moe.update(num_experts=E, top_k=K, expert_ffn_size=F, num_shared_experts=shared,
+                 renormalize=renormalize, dispatch=dispatch, capacity_factor=cf,
+                 lb_loss_type=lb)
+  return moe_lib.MoE(cfg, rngs=nnx.Rngs(seed))
+
+
+def rand_x(seed=1):
+  return jax.random.normal(jax.random.key(seed), (B, T, D), jnp.float32)
+
+
+def np_params(m):
+  return {k: np.asarray(v[...], np.float64) for k, v in nnx.state(m, nnx.Param).items()}
+
+
+def np_swiglu(x, wg, wu, wo):
+  g = x @ wg
+  return ((g / (1 + np.exp(-g))) * (x @ wu)) @ wo
+
+
+def np_route(p, x, renormalize):
+  logits = x @ p['router']
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  experts = np.argsort(-probs, axis=-1)[:, :K]
+  w = np.take_along_axis(probs, experts, -1)
+  if renormalize:
+    w = w / w.sum(-1, keepdims=True)
+  return logits, probs, experts, w
+
+
+def np_moe(m, x, renormalize=False, capacity=None):
+  """Naive per-token reference. capacity: k-major priority rule (all top-1 choices first)."""
+  p = np_params(m)
+  x = np.asarray(x, np.float64).reshape(-1, D)
+  _, _, experts, w = np_route(p, x, renormalize)
+  keep = np.ones(experts.shape, bool)
+  if capacity is not None:
+    used = np.zeros(E, int)
+    for k in range(K):
+      for n in range(len(x)):
+        e = experts[n, k]
+        keep[n, k] = used[e] < capacity
+        used[e] += 1
+  y = np.zeros_like(x)
+  for n in range(len(x)):
+    for k in range(K):
+      if keep[n, k]:
+        e = experts[n, k]
+        y[n] += w[n, k] * np_swiglu(x[n], p['wi_gate'][e], p['wi_up'][e], p['wo'][e])
+    if 'shared_wo' in p:
+      y[n] += np_swiglu(x[n], p['shared_wi_gate'], p['shared_wi_up'], p['shared_wo'])
+  return y.reshape(B, T, D), 1.0 - keep.mean()
+
+
+@pytest.mark.parametrize('dispatch,renormalize,shared', [
+    ('dropless', False, 0), ('dropless', True, 1), ('capacity', False, 1), ('capacity', True, 0)])
+def test_forward_matches_numpy(dispatch, renormalize, shared):
+  m = make(dispatch, renormalize, shared, cf=float(E))  # cf=E: C >= N, nothing can drop
+  x = rand_x()
+  y, aux = m(x)
+  y_ref, _ = np_moe(m, x, renormalize)
+  assert y.shape == x.shape and y.dtype == x.dtype
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+  assert float(aux['dropped_frac']) == 0.0
+
+
+def test_capacity_equals_dropless_without_drops():
+  x = rand_x()
+  y_d, _ = make('dropless', shared=1)(x)
+  y_c, aux = make('capacity', shared=1, cf=float(E))(x)
+  np.testing.assert_allclose(y_c, y_d, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('cf', [0.5, 1.0])
+def test_capacity_drop_rule(cf):
+  m = make('capacity', cf=cf)
+  x = rand_x(seed=3)
+  y, aux = m(x)
+  capacity = math.ceil(cf * B * T * K / E)
+  y_ref, dropped_ref = np_moe(m, x, capacity=capacity)
+  assert dropped_ref > 0  # the test must actually exercise drops
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(aux['dropped_frac'], dropped_ref, atol=1e-7)
+
+
+def dense_reference(params, x_BxTxD, renormalize=False):
+  """Every expert for every token, masked by the top-k weights (plain jax)."""
+  x = x_BxTxD.reshape(-1, D)
+  w_NxK, e_NxK = jax.lax.top_k(jax.nn.softmax(x @ params['router'], axis=-1), K)
+  if renormalize:
+    w_NxK = w_NxK / jnp.sum(w_NxK, axis=-1, keepdims=True)
+  w_NxE = jnp.sum(jax.nn.one_hot(e_NxK, E) * w_NxK[..., None], axis=1)
+  h = (jax.nn.silu(jnp.einsum('nd,edf->nef', x, params['wi_gate']))
+       * jnp.einsum('nd,edf->nef', x, params['wi_up']))
+  y = jnp.einsum('nef,efd,ne->nd', h, params['wo'], w_NxE)
+  return y.reshape(x_BxTxD.shape)
+
+
+@pytest.mark.parametrize('dispatch,renormalize', [('dropless', False), ('capacity', True)])
+def test_grads_match_dense_reference(dispatch, renormalize):
+  m = make(dispatch, renormalize, cf=float(E))
+  graphdef, params = nnx.split(m, nnx.Param)
+  x = rand_x()
+  r = jax.random.normal(jax.random.key(7), x.shape)
+
+  @jax.jit
+  def grads(params, x):
+    def loss_moe(params, x):
+      return jnp.sum(nnx.merge(graphdef, params)(x)[0] * r)
+    def loss_ref(params, x):
+      return jnp.sum(dense_reference({k: v[...] for k, v in params.items()}, x, renormalize) * r)
+    return (jax.grad(loss_moe, argnums=(0, 1))(params, x),
+            jax.grad(loss_ref, argnums=(0, 1))(params, x))
+
+  (gp, gx), (gp_ref, gx_ref) = grads(params, x)
+  np.testing.assert_allclose(gx, gx_ref, rtol=1e-5, atol=1e-6)
+  for k in ('router', 'wi_gate', 'wi_up', 'wo'):
+    assert float(jnp.abs(gp[k][...]).max()) > 0
+    np.testing.assert_allclose(gp[k][...], gp_ref[k][...], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def np_lb(probs, experts, seq):
+  onehot = np.zeros(probs.shape)
+  for n in range(len(probs)):
+    onehot[n, experts[n]] += 1
+  if not seq:
+    return E * np.sum(onehot.mean(0) / K * probs.mean(0)), onehot.sum(0) / (K * len(probs))
+  o, p = onehot.reshape(B, T, E), probs.reshape(B, T, E)
+  return E * np.mean(np.sum(o.mean(1) / K * p.mean(1), -1)), None
+
+
+def test_aux_losses_match_numpy():
+  x = rand_x(seed=5)
+  m_g, m_s = make(lb='global'), make(lb='sequence')
+  (_, aux_g), (_, aux_s) = m_g(x), m_s(x)
+  logits, probs, experts, _ = np_route(np_params(m_g), np.asarray(x, np.float64).reshape(-1, D), False)
+  lb_g, load = np_lb(probs, experts, seq=False)
+  lb_s, _ = np_lb(probs, experts, seq=True)
+  np.testing.assert_allclose(aux_g['lb_loss'], lb_g, rtol=1e-5)
+  np.testing.assert_allclose(aux_s['lb_loss'], lb_s, rtol=1e-5)
+  assert abs(lb_g - lb_s) > 1e-3  # global f really pools all tokens of the batch
+  np.testing.assert_allclose(aux_g['load_E'], load, rtol=1e-6)
+  np.testing.assert_allclose(aux_g['prob_E'], probs.mean(0), rtol=1e-5)
+  lse = logits.max(-1) + np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1))
+  np.testing.assert_allclose(aux_g['router_z_loss'], np.mean(lse ** 2), rtol=1e-5)
+  counts = load * K * B * T
+  np.testing.assert_allclose(aux_g['load_cv'], counts.std() / counts.mean(), rtol=1e-5)
+  np.testing.assert_allclose(aux_g['load_max_over_mean'], counts.max() / counts.mean(), rtol=1e-6)
+  # global_load_E override replaces the local f.
+  f_glob = jax.random.dirichlet(jax.random.key(9), jnp.ones(E))
+  _, aux_o = m_g(x, global_load_E=f_glob)
+  np.testing.assert_allclose(aux_o['lb_loss'], E * np.sum(np.asarray(f_glob) * probs.mean(0)), rtol=1e-5)
+
+
+def test_lb_loss_gradient_flows_through_probs_only():
+  m = make()
+  graphdef, params = nnx.split(m, nnx.Param)
+  x = rand_x()
+  g = jax.grad(lambda p: nnx.merge(graphdef, p)(x)[1]['lb_loss'])(params)
+  p = np_params(m)
+  _, _, experts, _ = np_route(p, np.asarray(x, np.float64).reshape(-1, D), False)
+  f = jnp.asarray(np_lb(np.ones((B * T, E)), experts, False)[1], jnp.float32)
+
+  def ref(router):  # E * sum(sg(f) * mean softmax)
+    return E * jnp.sum(f * jnp.mean(jax.nn.softmax(x.reshape(-1, D) @ router), 0))
+  np.testing.assert_allclose(g['router'][...], jax.grad(ref)(params['router'][...]),
+                             rtol=1e-5, atol=1e-7)
+  assert float(jnp.abs(g['wo'][...]).max()) == 0.0
+
+
+def test_jit_bfloat16_and_metadata():
+  m = make('dropless', shared=1, dtype='bfloat16')
+  assert m.router.get_metadata()['logical_axes'] == ('embed', 'expert')
+  assert m.wo.get_metadata()['logical_axes'] == ('expert', 'expert_mlp', 'embed')
+  assert m.shared_wi_gate.get_metadata()['logical_axes'] == ('embed', 'mlp')
+  x = rand_x().astype(jnp.bfloat16)
+  y, aux = nnx.jit(lambda m, x: m(x))(m, x)
+  assert y.dtype == jnp.bfloat16 and aux['lb_loss'].dtype == jnp.float32
+  y_ref, _ = np_moe(m, x.astype(jnp.float32))
+  np.testing.assert_allclose(np.asarray(y, np.float32), y_ref, rtol=0.1, atol=0.1)
