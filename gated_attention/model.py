@@ -138,3 +138,16 @@ def param_report(cfg) -> dict:
   return {'total': total, 'active': total - inactive, 'embedding': embedding,
           'non_embedding': total - embedding - (0 if cfg.tie_embeddings else embedding),
           'by_module': dict(sorted(by_module.items()))}
+
+
+def train_flops_per_token(cfg, seq_len: int) -> float:
+  """Analytic training FLOPs per token (forward + backward = 3x forward).
+
+  Matmuls: 6 x the active parameters that multiply activations (everything but the embedding
+  lookup; a tied table counts once, as the LM head). Attention: QK^T and PV, each 2 * T * d
+  FLOPs per query head and token, halved by the causal mask, times 3: 6 * L * H * d * T.
+  """
+  report = param_report(cfg)
+  matmul_params = report['active'] - (0 if cfg.tie_embeddings else report['embedding'])
+  attention = 6 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
+  return 6.0 * matmul_params + attention

@@ -8,6 +8,7 @@ unchanged on one device.
 
 import contextlib
 import contextvars
+import math
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -78,3 +79,44 @@ def constrain(x: jax.Array, axes) -> jax.Array:
   if rules is None or jax.sharding.get_abstract_mesh().empty:
     return x
   return jax.lax.with_sharding_constraint(x, logical_to_spec(axes, rules))
+
+
+def build_mesh(mesh_cfg, devices=None) -> jax.sharding.Mesh:
+  """Mesh over (data, fsdp, tensor, expert); one size may be -1 (all remaining devices)."""
+  devices = jax.devices() if devices is None else devices
+  sizes = [int(mesh_cfg[a]) for a in MESH_AXES]
+  if sizes.count(-1) > 1:
+    raise ValueError(f'config.mesh: at most one of {MESH_AXES} may be -1, got {sizes}.')
+  known = 1
+  for s in sizes:
+    if s != -1:
+      if s < 1:
+        raise ValueError(f'config.mesh sizes must be >= 1 or -1, got {dict(zip(MESH_AXES, sizes))}.')
+      known *= s
+  if -1 in sizes:
+    if len(devices) % known:
+      raise ValueError(f'config.mesh {dict(zip(MESH_AXES, sizes))}: {len(devices)} devices are '
+                       f'not divisible by the fixed axes product {known}.')
+    sizes[sizes.index(-1)] = len(devices) // known
+  if math.prod(sizes) != len(devices):
+    raise ValueError(f'config.mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} '
+                     f'devices, but {len(devices)} are available; set one axis to -1 to use '
+                     'all of them.')
+  return jax.make_mesh(tuple(sizes), MESH_AXES, devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 4)
+
+
+def param_specs(abstract_state, rules: dict):
+  """PartitionSpecs for a model state (nnx.State of Variables carrying `logical_axes`).
+
+  Stacked block parameters have one more dimension than their logical axes: the leading
+  'layers' axis, which is never sharded.
+  """
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  def spec(v):
+    axes = tuple(v.get_metadata().get('logical_axes', ()))
+    axes = ('layers',) * (v.value.ndim - len(axes)) + axes
+    return logical_to_spec(axes, rules)
+
+  return jax.tree.map(spec, abstract_state, is_leaf=lambda v: isinstance(v, nnx.Variable))

@@ -1,0 +1,188 @@
+"""Training: the loss, AdamW, the jit-compiled step (explicit shardings, donation), evaluation.
+
+A batch's path: main.py -> train.run -> data.train_iter (numpy, per process) -> a global array
+sharded over the data-parallel mesh axes -> train_step -> loss_fn -> Transformer.__call__.
+The loop itself (logging, checkpoints, signals) is in loop.py.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from gated_attention import model as model_lib
+from gated_attention import sharding
+
+NO_DECAY = ('scale', 'bias')  # norms' scales and biases are not weight-decayed
+
+
+def learning_rate_schedule(tc) -> optax.Schedule:
+  """Linear warm-up to the peak, then cosine decay to the minimum at the last step."""
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=tc.learning_rate, warmup_steps=tc.warmup_steps,
+      decay_steps=max(tc.steps, tc.warmup_steps + 1), end_value=tc.min_learning_rate)
+
+
+def make_optimizer(tc) -> optax.GradientTransformation:
+  def decay_mask(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: getattr(path[-1], 'key', None) not in NO_DECAY, params)
+  return optax.chain(
+      optax.clip_by_global_norm(tc.grad_clip) if tc.grad_clip > 0 else optax.identity(),
+      optax.adamw(learning_rate_schedule(tc), b1=tc.b1, b2=tc.b2, eps=tc.eps,
+                  weight_decay=tc.weight_decay, mask=decay_mask))
+
+
+def loss_fn(params, graphdef, batch, cfg, moe_load_LxE=None):
+  """Mean token cross-entropy plus the optional logits z-loss and the MoE auxiliary losses."""
+  model = nnx.merge(graphdef, params)
+  logits_BxTxV, aux = model(batch['inputs'], moe_load_LxE=moe_load_LxE)
+  mask_BxT = batch['loss_mask']
+  lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
+  target_logit = jnp.take_along_axis(logits_BxTxV, batch['targets'][..., None], -1)[..., 0]
+  tokens = jnp.maximum(jnp.sum(mask_BxT), 1.0)
+  ce = jnp.sum((lse_BxT - target_logit) * mask_BxT) / tokens
+  z_loss = jnp.sum(jnp.square(lse_BxT) * mask_BxT) / tokens
+  total = ce + cfg.train.z_loss * z_loss
+  metrics = {'loss': ce, 'z_loss': z_loss}
+  moe = cfg.model.moe
+  if moe.num_experts > 0:
+    total += moe.lb_loss_coef * jnp.sum(aux['lb_loss'])
+    total += moe.router_z_loss_coef * jnp.sum(aux['router_z_loss'])
+    metrics.update(moe_lb_loss=jnp.mean(aux['lb_loss']),
+                   moe_router_z_loss=jnp.mean(aux['router_z_loss']),
+                   moe_load_cv=jnp.mean(aux['load_cv']),
+                   moe_load_max_over_mean=jnp.max(aux['load_max_over_mean']),
+                   moe_dropped_frac=jnp.mean(aux['dropped_frac']),
+                   _load_LxE=aux['load_E'])
+  metrics['total_loss'] = total
+  return total, metrics
+
+
+def _microbatches(batch, n):
+  return jax.tree.map(lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), batch)
+
+
+def train_step(params, opt_state, batch, *, graphdef, cfg, optimizer):
+  """One optimizer step over `grad_accum` micro-batches (scanned, gradients summed in f32)."""
+  n = cfg.train.grad_accum
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  moe = cfg.model.moe
+  global_lb = moe.num_experts > 0 and moe.lb_loss_type == 'global' and n > 1
+  if n == 1:
+    (_, metrics), grads = grad_fn(params, graphdef, batch, cfg)
+  else:
+    micro = _microbatches(batch, n)
+    load_LxE = None
+    if global_lb:
+      # The load-balancing statistics must cover the whole global batch: one forward pass over
+      # all micro-batches gathers the expert loads first (this costs one extra forward).
+      def load_of(_, mb):
+        return None, loss_fn(params, graphdef, mb, cfg)[1]['_load_LxE']
+      load_LxE = jax.lax.stop_gradient(jnp.mean(jax.lax.scan(load_of, None, micro)[1], 0))
+
+    def accumulate(carry, mb):
+      (_, m), g = grad_fn(params, graphdef, mb, cfg, load_LxE)
+      return jax.tree.map(jnp.add, carry, (g, m)), None
+    zeros = jax.eval_shape(lambda: grad_fn(params, graphdef, jax.tree.map(lambda x: x[0], micro),
+                                           cfg, load_LxE))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), (zeros[1], zeros[0][1]))
+    (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
+    grads, metrics = jax.tree.map(lambda x: x / n, (grads, metrics))
+  metrics.pop('_load_LxE', None)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  params = optax.apply_updates(params, updates)
+  metrics['grad_norm'] = optax.global_norm(grads)
+  metrics['param_norm'] = optax.global_norm(params)
+  return params, opt_state, metrics
+
+
+def eval_step(params, batch, *, graphdef, cfg):
+  """Summed cross-entropy and token count (so batches can be pooled exactly)."""
+  _, m = loss_fn(params, graphdef, batch, cfg)
+  tokens = jnp.sum(batch['loss_mask'])
+  return {'loss_sum': m['loss'] * tokens, 'tokens': tokens}
+
+
+def inspect_step(params, batch, *, graphdef):
+  """Per-layer analysis statistics (F-Attn, M-Act, gate scores, sparsity) on one batch."""
+  model = nnx.merge(graphdef, params)
+  _, aux = model(batch['inputs'], inspect=True)
+  return aux
+
+
+class Setup:
+  """Model structure, shardings and compiled steps for one config on one mesh."""
+
+  def __init__(self, cfg, mesh):
+    self.cfg, self.mesh = cfg, mesh
+    self.rules = sharding.get_rules(cfg.mesh.rules)
+    abstract = model_lib.abstract_model(cfg.model)
+    self.graphdef, abstract_state = nnx.split(abstract)
+    specs = nnx.to_pure_dict(sharding.param_specs(abstract_state, self.rules))
+    self.param_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+    self.abstract_params = jax.tree.map(
+        lambda v, sh: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh),
+        nnx.to_pure_dict(abstract_state), self.param_shardings)
+    self.optimizer = make_optimizer(cfg.train)
+    abstract_opt = jax.eval_shape(self.optimizer.init, self.abstract_params)
+    replicated = NamedSharding(mesh, P())
+    self.opt_shardings = optax.tree_map_params(
+        self.optimizer, lambda _, sh: sh, abstract_opt, self.param_shardings,
+        transform_non_params=lambda _: replicated)
+    self.abstract_opt = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        abstract_opt, self.opt_shardings)
+    batch_axes = sharding.logical_to_spec(('batch',), self.rules)
+    self.batch_sharding = NamedSharding(mesh, P(batch_axes[0], None))
+    batch_shards = 1
+    for a in (batch_axes[0] if isinstance(batch_axes[0], tuple) else (batch_axes[0],)):
+      batch_shards *= mesh.shape[a] if a else 1
+    for name, size in (('batch_size', cfg.train.batch_size),
+                       ('batch_size / grad_accum', cfg.train.batch_size // cfg.train.grad_accum)):
+      if size % batch_shards:
+        raise ValueError(f'config.train.{name}={size} must be divisible by the {batch_shards} '
+                         f'data-parallel shards of mesh {dict(mesh.shape)}.')
+    if cfg.train.batch_size % cfg.train.grad_accum:
+      raise ValueError(f'config.train.batch_size={cfg.train.batch_size} must be divisible by '
+                       f'config.train.grad_accum={cfg.train.grad_accum}.')
+
+    with_rules = lambda f: self._with_rules(f)  # noqa: E731
+    self.init_fn = jax.jit(with_rules(self._init), out_shardings=(self.param_shardings,
+                                                                   self.opt_shardings))
+    self.train_step = jax.jit(
+        with_rules(functools.partial(train_step, graphdef=self.graphdef, cfg=cfg,
+                                     optimizer=self.optimizer)),
+        in_shardings=(self.param_shardings, self.opt_shardings, self.batch_sharding),
+        out_shardings=(self.param_shardings, self.opt_shardings, replicated),
+        donate_argnums=(0, 1))
+    self.eval_step = jax.jit(
+        with_rules(functools.partial(eval_step, graphdef=self.graphdef, cfg=cfg)),
+        in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
+    self.inspect_step = jax.jit(
+        with_rules(functools.partial(inspect_step, graphdef=self.graphdef)),
+        in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
+
+  def _with_rules(self, f):
+    @functools.wraps(f)
+    def wrapped(*args, **kwargs):
+      with sharding.use_rules(self.rules):
+        return f(*args, **kwargs)
+    return wrapped
+
+  def _init(self, key):
+    model = model_lib.Transformer(self.cfg.model, rngs=nnx.Rngs(params=key))
+    params = nnx.to_pure_dict(nnx.state(model))
+    return params, self.optimizer.init(params)
+
+  def init(self, seed: int):
+    with jax.set_mesh(self.mesh):
+      return self.init_fn(jax.random.key(seed))
+
+  def global_batch(self, local_batch: dict) -> dict:
+    """Per-process numpy batch -> global jax arrays sharded over the data-parallel axes."""
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
+            for k, v in local_batch.items()}
