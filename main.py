@@ -12,7 +12,7 @@ Any config field can be overridden: --config.train.steps=100 --config.model.num_
 import json
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 config_flags.DEFINE_config_file('config', 'configs/g1_elementwise.py',
@@ -27,6 +27,8 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  if not FLAGS['verbosity'].present:  # orbax logs every save at INFO; -v 0 shows it again
+    logging.set_verbosity(logging.WARNING)
   config, rest = FLAGS.config, argv[1:]
   if rest and FLAGS.mode != 'compare':
     sys.exit(f'Unexpected arguments {rest}; only --mode=compare takes run directories.')

@@ -95,8 +95,8 @@ def train_step(params, opt_state, batch, *, graphdef, cfg, optimizer):
   metrics.pop('_load_LxE', None)
   updates, opt_state = optimizer.update(grads, opt_state, params)
   params = optax.apply_updates(params, updates)
-  metrics['grad_norm'] = optax.global_norm(grads)
-  metrics['param_norm'] = optax.global_norm(params)
+  metrics['grad_norm'] = optax.tree.norm(grads)
+  metrics['param_norm'] = optax.tree.norm(params)
   return params, opt_state, metrics
 
 
@@ -122,7 +122,7 @@ class Setup:
     self.rules = sharding.get_rules(cfg.mesh.rules)
     abstract = model_lib.abstract_model(cfg.model)
     self.graphdef, abstract_state = nnx.split(abstract)
-    specs = nnx.to_pure_dict(sharding.param_specs(abstract_state, self.rules))
+    specs = nnx.to_pure_dict(sharding.param_specs(abstract_state, self.rules, mesh.shape))
     self.param_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
     self.abstract_params = jax.tree.map(
         lambda v, sh: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh),

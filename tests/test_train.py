@@ -1,0 +1,195 @@
+"""End-to-end training: loss falls, metrics, exact resume after SIGTERM, bad inputs refused."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import base
+from gated_attention import checkpoint as ckpt_lib
+from gated_attention import loop, sharding
+from gated_attention import train as train_lib
+import input_pipeline
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OVERRIDES = {
+    'model.num_layers': 2, 'model.hidden_size': 64, 'model.num_heads': 4,
+    'model.num_kv_heads': 2, 'model.head_dim': 16, 'model.ffn_size': 128,
+    'data.seq_len': 32, 'data.val_batches': 2, 'train.batch_size': 8, 'train.steps': 40,
+    'train.warmup_steps': 4, 'train.learning_rate': 1e-2, 'train.log_every': 1,
+    'train.eval_every': 20, 'train.checkpoint_every': 10,
+}
+
+
+def tiny_config(variant='g1_elementwise', **extra):
+  import importlib  # pylint: disable=g-import-not-at-top
+  c = importlib.import_module(f'configs.{variant}').get_config('tiny')
+  for key, value in {**OVERRIDES, **extra}.items():
+    node = c
+    *parents, leaf = key.split('.')
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def read_metrics(workdir, split='train'):
+  """{step: row} keeping the last row of each step (a resumed run may repeat none)."""
+  rows = {}
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    for line in f:
+      row = json.loads(line)
+      if row['split'] == split:
+        rows[row['step']] = row
+  return rows
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('run'))
+  final = loop.run(tiny_config(), workdir)
+  return workdir, final
+
+
+def test_loss_falls_and_metrics_are_written(trained):
+  workdir, final = trained
+  train_rows = read_metrics(workdir)
+  assert sorted(train_rows) == list(range(1, 41))
+  assert train_rows[40]['loss'] < train_rows[1]['loss'] - 1.5, (train_rows[1], train_rows[40])
+  for row in train_rows.values():
+    for key in ('loss', 'learning_rate', 'grad_norm', 'tokens_per_sec', 'step_time'):
+      assert np.isfinite(row[key]), key
+  val = read_metrics(workdir, 'val')
+  assert sorted(val) == [20, 40]
+  assert val[40]['loss'] < val[20]['loss']
+  assert final['loss'] == pytest.approx(val[40]['loss'])
+  assert val[40]['ppl'] == pytest.approx(np.exp(val[40]['loss']), rel=1e-5)
+  assert len(val[40]['f_attn']) == 2 and len(val[40]['m_act']) == 2
+  assert 0 < val[40]['gate_score_mean'] < 1
+  assert os.listdir(os.path.join(workdir, 'tensorboard'))
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['20', '30', '40']
+
+
+def test_warmup_then_cosine_schedule():
+  tc = tiny_config().train
+  sched = train_lib.learning_rate_schedule(tc)
+  assert float(sched(0)) == 0.0
+  assert float(sched(tc.warmup_steps)) == pytest.approx(tc.learning_rate)
+  assert float(sched(tc.steps)) == pytest.approx(tc.min_learning_rate)
+  assert float(sched(2)) == pytest.approx(tc.learning_rate * 2 / tc.warmup_steps)
+
+
+def test_weight_decay_skips_norms_and_biases():
+  c = tiny_config('g1_input_independent')
+  setup = train_lib.Setup(c, sharding.build_mesh(c.mesh))
+  params, _ = setup.init(0)
+  zero_grads = jax.tree.map(np.zeros_like, params)
+  opt_state = setup.optimizer.init(params)
+  # Zero gradients until past warm-up (lr > 0): only weight-decayed parameters move.
+  for _ in range(c.train.warmup_steps + 1):
+    updates, opt_state = setup.optimizer.update(zero_grads, opt_state, params)
+  moved = jax.tree_util.tree_map_with_path(
+      lambda path, u: (path[-1].key, bool(np.any(np.asarray(u) != 0))), updates)
+  for name, did_move in jax.tree.leaves(moved, is_leaf=lambda x: isinstance(x, tuple)):
+    assert did_move == (name not in ('scale', 'bias')), name
+
+
+def test_grad_accumulation_matches_one_big_batch():
+  rng = np.random.default_rng(0)
+  toks = rng.integers(0, 257, (8, 33)).astype(np.int32)
+  batch = {'inputs': toks[:, :-1], 'targets': toks[:, 1:], 'loss_mask': np.ones((8, 32),
+                                                                                np.float32)}
+  results = []
+  for accum in (1, 4):
+    c = tiny_config(**{'train.grad_accum': accum, 'train.warmup_steps': 0})
+    mesh = sharding.build_mesh(c.mesh)
+    setup = train_lib.Setup(c, mesh)
+    params, opt = setup.init(0)
+    with jax.set_mesh(mesh):
+      params, _, metrics = setup.train_step(params, opt, setup.global_batch(batch))
+    results.append((jax.device_get(params), jax.device_get(metrics)))
+  (p1, m1), (p4, m4) = results
+  assert m1['loss'] == pytest.approx(m4['loss'], rel=1e-5)
+  assert m1['grad_norm'] == pytest.approx(m4['grad_norm'], rel=1e-4)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5), p1, p4)  # updates ~1e-2
+
+
+def _main_cmd(workdir, steps):
+  overrides = {**OVERRIDES, 'train.steps': steps}
+  return [sys.executable, os.path.join(REPO, 'main.py'), '--config=configs/g1_elementwise.py',
+          f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in overrides.items()]
+
+
+def test_sigterm_saves_and_resume_follows_the_same_trajectory(tmp_path):
+  steps = 120
+  straight = str(tmp_path / 'straight')
+  loop.run(tiny_config(**{'train.steps': steps}), straight)
+  expected = read_metrics(straight)
+
+  resumed = str(tmp_path / 'resumed')
+  proc = subprocess.Popen(_main_cmd(resumed, steps), cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  metrics_path = os.path.join(resumed, 'metrics.jsonl')
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.exists(metrics_path) and len(open(metrics_path).readlines()) >= 12:
+      proc.send_signal(signal.SIGTERM)
+      break
+    time.sleep(0.02)
+  out, _ = proc.communicate(timeout=240)
+  assert proc.returncode == 0, out
+  assert 'Interrupted' in out, out
+  stopped = ckpt_lib.Checkpointer(resumed, tiny_config(**{'train.steps': steps}), keep=3,
+                                  every=10)
+  stopped_at = stopped.latest_step()
+  stopped.close()
+  assert 10 < stopped_at < steps, stopped_at
+
+  loop.run(tiny_config(**{'train.steps': steps}), resumed)
+  got = read_metrics(resumed)
+  assert sorted(got) == sorted(expected)
+  for step in expected:
+    assert got[step]['loss'] == pytest.approx(expected[step]['loss'], abs=1e-6), step
+  assert read_metrics(resumed, 'val')[steps]['loss'] == pytest.approx(
+      read_metrics(straight, 'val')[steps]['loss'], abs=1e-6)
+
+
+def test_incompatible_workdir_is_refused(trained):
+  workdir, _ = trained
+  before = sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
+  with pytest.raises(ckpt_lib.IncompatibleCheckpointError, match='model.num_layers'):
+    loop.run(tiny_config(**{'model.num_layers': 3}), workdir)
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == before
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f)['model']['num_layers'] == 2
+
+
+@pytest.mark.parametrize('overrides, error, match', [
+    ({'data.source': 'text', 'data.path': '/nonexistent/*.txt'}, input_pipeline.DataError,
+     'nonexistent'),
+    ({'model.vocab_size': 100}, ValueError, 'vocab_size'),
+    ({'train.grad_accum': 3}, ValueError, 'grad_accum'),
+    ({'train.steps': 0}, ValueError, 'train.steps'),
+    ({'model.gate.granularity': 'rowwise'}, ValueError, 'config.model.gate.granularity'),
+    ({'mesh.data': 3}, ValueError, 'config.mesh'),
+])
+def test_bad_inputs_stop_before_training(tmp_path, overrides, error, match):
+  workdir = str(tmp_path / 'run')
+  with pytest.raises(error, match=match):
+    loop.run(tiny_config(**overrides), workdir)
+  assert not os.path.exists(os.path.join(workdir, 'checkpoints'))
+
+
+def test_params_mode_prints_json():
+  out = subprocess.run([sys.executable, 'main.py', '--config=configs/g1_headwise.py:moe_15a2b',
+                        '--mode=params'], cwd=REPO, capture_output=True, text=True, check=True)
+  report = json.loads(out.stdout.strip().splitlines()[-1])
+  assert set(report) >= {'total', 'active', 'embedding', 'by_module'}
+  assert 14e9 < report['total'] < 17e9 and 1.5e9 < report['active'] < 3e9
+  assert report['embedding'] == base.QWEN_VOCAB * 2048
