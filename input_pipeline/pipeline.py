@@ -1,0 +1,153 @@
+"""`build_data`: documents -> tokens -> packed windows -> shuffled batches, with grain.
+
+Train stream of process p of P, epoch e (repeats forever):
+  documents: train ids, permuted by (seed, e) over all processes, then every P-th from p;
+  each document -> [BOS] + tokens; concatenated and cut into windows of seq_len + 1 tokens;
+  windows shuffled in blocks of data.shuffle_buffer; batched into [B/P, seq_len + 1];
+  inputs = window[:, :-1], targets = window[:, 1:].
+Validation: the held-out documents in index order, cycled so no batch is padded, packed into
+global batches; process p keeps rows [p*B/P, (p+1)*B/P), so every process count sees the same set.
+"""
+
+import hashlib
+
+from absl import flags
+import grain
+import numpy as np
+
+from input_pipeline.errors import DataError
+from input_pipeline.packing import PackIterDataset
+from input_pipeline.shuffle import WindowShuffleIterDataset
+from input_pipeline.sources import Documents, load_documents, split_documents
+from input_pipeline.tokenizer import Tokenizer, make_tokenizer
+
+_READ = grain.ReadOptions(num_threads=4, prefetch_buffer_size=128)
+_SAMPLE_TOKENS = 1 << 21  # describe(): tokens read for the entropy and the token-count estimate
+
+
+class _Encode:
+  """Document id -> int32 [1 + num_tokens] (BOS first); a class so worker processes can pickle it."""
+
+  def __init__(self, docs: Documents, tokenizer: Tokenizer):
+    self.docs, self.tokenizer = docs, tokenizer
+
+  def __call__(self, doc_id) -> np.ndarray:
+    return self.tokenizer.encode_doc(self.docs[int(doc_id)])
+
+
+def _to_batch(windows: list[np.ndarray]) -> dict[str, np.ndarray]:
+  """Windows [seq_len + 1] x B -> inputs/targets int32 [B, seq_len], loss_mask float32 [B, seq_len]."""
+  windows_bl = np.stack(windows).astype(np.int32)
+  targets_bl = np.ascontiguousarray(windows_bl[:, 1:])
+  return {'inputs': np.ascontiguousarray(windows_bl[:, :-1]), 'targets': targets_bl,
+          'loss_mask': np.ones(targets_bl.shape, np.float32)}
+
+
+def _derive_seed(seed: int, tag: str) -> int:
+  """A 31-bit seed for one use (`tag`) of the run's seed."""
+  return int.from_bytes(hashlib.sha256(f'{seed}/{tag}'.encode()).digest()[:4], 'little') >> 1
+
+
+def _packed(doc_ids: grain.MapDataset, docs, tokenizer, seq_len: int) -> grain.IterDataset:
+  ds = doc_ids.map(_Encode(docs, tokenizer)).to_iter_dataset(_READ)
+  return PackIterDataset(ds, seq_len + 1)
+
+
+class Data:
+  """The data of one run: `tokenizer`, `train_iter`, `val_batches()`, `describe()`."""
+
+  def __init__(self, cfg, tokenizer: Tokenizer, docs: Documents, train_ids: np.ndarray,
+               val_ids: np.ndarray, train_iter: grain.DatasetIterator,
+               global_batch_size: int, process_index: int, process_count: int):
+    self.tokenizer, self.train_iter = tokenizer, train_iter
+    self._cfg, self._docs, self._train_ids, self._val_ids = cfg, docs, train_ids, val_ids
+    self._global_batch_size, self._process = global_batch_size, (process_index, process_count)
+    self._val, self._description = None, None
+
+  def val_batches(self) -> list[dict[str, np.ndarray]]:
+    """data.val_batches local batches of held-out data; the same list on every call."""
+    if self._val is None:
+      local = self._global_batch_size // self._process[1]
+      rows = slice(self._process[0] * local, (self._process[0] + 1) * local)
+      ds = _packed(grain.MapDataset.source(self._val_ids).repeat(), self._docs, self.tokenizer,
+                   self._cfg.seq_len).batch(self._global_batch_size, batch_fn=_to_batch)
+      it, self._val = iter(ds), []
+      for _ in range(self._cfg.val_batches):
+        batch = {k: v[rows].copy() for k, v in next(it).items()}
+        for v in batch.values():
+          v.setflags(write=False)
+        self._val.append(batch)
+    return list(self._val)
+
+  def describe(self) -> dict:
+    """Source, sizes, token-count estimates and unigram entropy (nats/token) of the train split."""
+    if self._description is None:
+      self._description = self._describe()
+    return dict(self._description)
+
+  def _describe(self) -> dict:
+    docs, tokenizer = self._docs, self.tokenizer
+    order = np.random.default_rng(0).permutation(self._train_ids)
+    tokens, n_tokens = [], 0
+    for doc_id in order:
+      tokens.append(tokenizer.encode_doc(docs[int(doc_id)]))
+      n_tokens += len(tokens[-1])
+      if n_tokens >= _SAMPLE_TOKENS:
+        break
+    sampled = order[:len(tokens)]
+    counts = np.bincount(np.concatenate(tokens), minlength=tokenizer.vocab_size)
+    p = counts[counts > 0] / n_tokens
+    def estimate(ids):  # from tokens per byte (plus one BOS per document), else per document
+      if docs.sizes is not None and docs.sizes[sampled].sum():
+        per_byte = (n_tokens - len(sampled)) / docs.sizes[sampled].sum()
+        return int(round(per_byte * docs.sizes[ids].sum())) + len(ids)
+      return int(round(n_tokens / len(sampled) * len(ids)))
+
+    exact = len(sampled) == len(order)
+    return {
+        'source': self._cfg.source, 'path': self._cfg.path, **docs.info,
+        'num_documents': {'train': len(self._train_ids), 'val': len(self._val_ids)},
+        'num_tokens': {'train': n_tokens if exact else estimate(self._train_ids),
+                       'val': estimate(self._val_ids)},
+        'num_tokens_train_exact': exact,
+        'tokenizer': tokenizer.name, 'vocab_size': tokenizer.vocab_size,
+        'unigram_entropy': float(-(p * np.log(p)).sum()),  # nats/token
+        'entropy_sample_tokens': n_tokens,
+    }
+
+
+def build_data(data_cfg, *, global_batch_size: int, seed: int, process_index: int = 0,
+               process_count: int = 1) -> Data:
+  """Reads, splits and checks the data of `data_cfg` (configs/base.py `c.data`).
+
+  Everything that can be checked before training is: a bad source, path, tokenizer or batch
+  size raises DataError (a ValueError) whose message names the setting and the fix.
+  """
+  if process_count < 1 or not 0 <= process_index < process_count:
+    raise DataError(f'process_index={process_index} must be in [0, process_count={process_count}).')
+  if global_batch_size < 1 or global_batch_size % process_count:
+    raise DataError(f'The global batch size {global_batch_size} must be a positive multiple of the '
+                    f'process count {process_count}; change --config.train.batch_size.')
+  if data_cfg.seq_len < 1 or data_cfg.val_batches < 0 or data_cfg.shuffle_buffer < 0:
+    raise DataError('data.seq_len must be >= 1, data.val_batches and data.shuffle_buffer >= 0 '
+                    f'(got {data_cfg.seq_len}, {data_cfg.val_batches}, {data_cfg.shuffle_buffer}).')
+  tokenizer = make_tokenizer(data_cfg.tokenizer)
+  docs = load_documents(data_cfg)
+  train_ids, val_ids = split_documents(len(docs), data_cfg.val_fraction)
+  if len(train_ids) < process_count:
+    raise DataError(f'{docs.name} has {len(train_ids)} training documents, fewer than the '
+                    f'{process_count} processes that each need their own; add data.')
+
+  doc_ids = grain.MapDataset.source(train_ids).shuffle(seed=_derive_seed(seed, 'documents'))
+  ds = _packed(doc_ids[process_index::process_count].repeat(), docs, tokenizer, data_cfg.seq_len)
+  if data_cfg.shuffle_buffer > 1:
+    ds = WindowShuffleIterDataset(
+        ds, window_size=data_cfg.shuffle_buffer,
+        seed=_derive_seed(seed, f'windows/{process_index}'))
+  ds = ds.batch(global_batch_size // process_count, drop_remainder=True, batch_fn=_to_batch)
+  if data_cfg.worker_count > 0:
+    if not flags.FLAGS.is_parsed():  # grain's workers read absl flags (notebooks, tests)
+      flags.FLAGS.mark_as_parsed()
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=data_cfg.worker_count))
+  return Data(data_cfg, tokenizer, docs, train_ids, val_ids, iter(ds),
+              global_batch_size, process_index, process_count)

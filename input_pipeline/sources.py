@@ -1,0 +1,300 @@
+"""Document sources: random-access collections of text documents, and the train/val split.
+
+Each source is a `Documents`: `len(docs)`, `docs[i] -> str`, `docs.name` (for messages),
+`docs.info` (sizes for describe()) and `docs.sizes` (bytes per document, or None).
+`load_documents(data_cfg)` builds the one named by `data.source`; nothing is tokenized here.
+"""
+
+import glob
+import importlib
+import json
+import os
+import sysconfig
+
+import numpy as np
+
+from input_pipeline.errors import DataError
+
+SOURCES = ('builtin', 'text', 'jsonl', 'parquet', 'arrayrecord', 'hf')
+_NUM_CHECKED = 32  # documents read at build time so that bad data fails before training
+
+
+class Documents:
+  """Base class: random access to documents as strings."""
+
+  name: str = ''
+  info: dict = {}
+  sizes: np.ndarray | None = None  # bytes per document, when known without reading
+
+  def __len__(self) -> int:
+    raise NotImplementedError
+
+  def __getitem__(self, i: int) -> str:
+    raise NotImplementedError
+
+
+class FileDocs(Documents):
+  """One document per file."""
+
+  def __init__(self, paths: list[str], name: str, errors: str = 'strict'):
+    self.paths, self.name, self._errors = paths, name, errors
+    self.sizes = np.array([os.path.getsize(p) for p in paths], np.int64)
+    self.info = {'files': len(paths), 'megabytes': round(float(self.sizes.sum()) / 1e6, 2)}
+
+  def __len__(self):
+    return len(self.paths)
+
+  def __getitem__(self, i):
+    path = self.paths[i]
+    try:
+      with open(path, 'rb') as f:
+        return f.read().decode('utf-8', self._errors)
+    except (OSError, UnicodeError) as e:
+      raise DataError(f'{self.name}: cannot read {path!r} as UTF-8 text ({e}); fix or remove the '
+                      'file, or narrow --config.data.path.') from e
+
+
+class JsonlDocs(Documents):
+  """One document per non-blank line of JSON-lines files: the line's `field`."""
+
+  def __init__(self, paths: list[str], field: str, name: str):
+    self.paths, self.field, self.name = paths, field, name
+    spans = [_line_spans(p) for p in paths]
+    self._file = np.concatenate([np.full(len(s[0]), k, np.int32) for k, s in enumerate(spans)])
+    self._start, self._end, self._line = (np.concatenate([s[j] for s in spans]) for j in range(3))
+    self.sizes = self._end - self._start
+    self.info = {'files': len(paths),
+                 'megabytes': round(sum(os.path.getsize(p) for p in paths) / 1e6, 2)}
+
+  def __len__(self):
+    return len(self._start)
+
+  def __getitem__(self, i):
+    path = self.paths[self._file[i]]
+    with open(path, 'rb') as f:
+      f.seek(self._start[i])
+      raw = f.read(self._end[i] - self._start[i])
+    return _json_text(raw, self.field, f'{path}, line {self._line[i]}')
+
+
+def _line_spans(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Byte [start, end) and 1-based line number of each non-blank line of a file."""
+  if os.path.getsize(path) == 0:
+    return (np.zeros(0, np.int64),) * 3
+  buf_n = np.memmap(path, np.uint8, mode='r')
+  newlines = np.flatnonzero(buf_n == ord('\n'))
+  start = np.concatenate([[0], newlines + 1])
+  end = np.concatenate([newlines, [len(buf_n)]])
+  line = np.arange(1, len(start) + 1)
+  crlf = (end > start) & (buf_n[np.maximum(end - 1, 0)] == ord('\r'))
+  keep = (end - crlf) > start
+  return start[keep].astype(np.int64), end[keep].astype(np.int64), line[keep]
+
+
+def _json_text(raw: bytes, field: str, where: str) -> str:
+  """The string `field` of the JSON object `raw`; `where` names it in errors."""
+  try:
+    obj = json.loads(raw)
+  except ValueError as e:
+    raise DataError(f'{where}: not valid JSON ({e}).') from e
+  if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
+    found = f'keys {sorted(obj)}' if isinstance(obj, dict) else f'a JSON {type(obj).__name__}'
+    raise DataError(f'{where}: no string field {field!r} (found {found}); set '
+                    '--config.data.text_field to the key that holds the text.')
+  return obj[field]
+
+
+class ParquetDocs(Documents):
+  """One document per row of parquet files: column `field` (needs pyarrow)."""
+
+  def __init__(self, paths: list[str], field: str, name: str):
+    self.paths, self.field, self.name = paths, field, name
+    self._load()
+    self.info = {'files': len(paths),
+                 'megabytes': round(sum(os.path.getsize(p) for p in paths) / 1e6, 2)}
+
+  def _load(self):
+    pq = _need('pyarrow.parquet', 'pyarrow', 'parquet')
+    self._chunks = []
+    for path in self.paths:
+      try:
+        names = pq.read_schema(path).names
+        if self.field in names:
+          self._chunks += pq.read_table(path, columns=[self.field], memory_map=True)[self.field].chunks
+      except Exception as e:  # pylint: disable=broad-except
+        raise DataError(f'{self.name}: cannot read {path!r} as parquet ({e}).') from e
+      if self.field not in names:
+        raise DataError(f'{path!r} has no column {self.field!r} (columns: {names}); set '
+                        '--config.data.text_field to the column that holds the text.')
+    self._offsets = np.cumsum([0] + [len(c) for c in self._chunks])
+
+  def __getstate__(self):
+    return {k: v for k, v in self.__dict__.items() if k != '_chunks'}
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._load()
+
+  def __len__(self):
+    return int(self._offsets[-1])
+
+  def __getitem__(self, i):
+    c = int(np.searchsorted(self._offsets, i, side='right')) - 1
+    text = self._chunks[c][i - int(self._offsets[c])].as_py()
+    if not isinstance(text, (str, type(None))):
+      raise DataError(f'{self.name}: column {self.field!r} holds {type(text).__name__}, not text.')
+    return text or ''
+
+
+class ArrayRecordDocs(Documents):
+  """One document per ArrayRecord record: raw UTF-8 text, or JSON objects with `field`.
+
+  The first record decides: if it is a JSON object with `field`, all records are JSON.
+  """
+
+  def __init__(self, paths: list[str], field: str, name: str):
+    self.field, self.name = field, name
+    _need('array_record.python.array_record_module', 'array-record', 'arrayrecord')
+    import grain  # pylint: disable=g-import-not-at-top
+    try:
+      self._src = grain.sources.ArrayRecordDataSource(paths)
+      first = self._src[0] if len(self._src) else b''
+    except Exception as e:  # pylint: disable=broad-except
+      raise DataError(f'{name}: cannot read the files as ArrayRecord ({e}).') from e
+    try:
+      self._json = isinstance(json.loads(first).get(field), str)
+    except (ValueError, AttributeError):
+      self._json = False
+    self.info = {'files': len(paths), 'megabytes': round(sum(map(os.path.getsize, paths)) / 1e6, 2)}
+
+  def __len__(self):
+    return len(self._src)
+
+  def __getitem__(self, i):
+    raw = self._src[i]
+    if self._json:
+      return _json_text(raw, self.field, f'{self.name}, record {i}')
+    try:
+      return raw.decode('utf-8')
+    except UnicodeDecodeError as e:
+      raise DataError(f'{self.name}, record {i}: not UTF-8 text ({e}).') from e
+
+
+class HFDocs(Documents):
+  """A Hugging Face dataset split: `datasets.load_dataset(path, hf_config, split)[i][field]`."""
+
+  def __init__(self, cfg):
+    datasets = _need('datasets', 'datasets', 'hf')
+    self.field = cfg.text_field
+    self.name = f'data.path={cfg.path!r} (hf_config={cfg.hf_config!r}, hf_split={cfg.hf_split!r})'
+    try:
+      self._ds = datasets.load_dataset(cfg.path, cfg.hf_config or None, split=cfg.hf_split)
+    except Exception as e:  # pylint: disable=broad-except
+      raise DataError(
+          f"data.source='hf': could not load {self.name}: {type(e).__name__}: {e}. Without internet, "
+          'use a dataset already in the Hugging Face cache (HF_DATASETS_OFFLINE=1), or export it to '
+          'jsonl/parquet files and set --config.data.source and --config.data.path.') from e
+    if self.field not in self._ds.column_names:
+      raise DataError(f'{self.name} has no column {self.field!r} (columns: {self._ds.column_names}); '
+                      'set --config.data.text_field.')
+    self.info = {'dataset': cfg.path}
+
+  def __len__(self):
+    return len(self._ds)
+
+  def __getitem__(self, i):
+    return self._ds[int(i)][self.field] or ''
+
+
+def stdlib_files() -> tuple[str, list[str]]:
+  """The stdlib root and its .py files (relative, sorted), outside site-/dist-packages."""
+  root = sysconfig.get_paths()['stdlib']
+  skip = {'site-packages', 'dist-packages', '__pycache__'}
+  files = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    dirnames[:] = [d for d in dirnames if d not in skip]
+    files += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames if f.endswith('.py')]
+  return root, sorted(files)
+
+
+def _builtin(cfg) -> Documents:
+  del cfg
+  root, files = stdlib_files()
+  docs = FileDocs([os.path.join(root, f) for f in files], f'builtin (Python stdlib at {root})',
+                  errors='replace')  # a few test files are deliberately not UTF-8
+  docs.info['root'] = root
+  return docs
+
+
+def _glob(cfg, what: str) -> list[str]:
+  """Sorted files matched by the comma-separated globs in data.path."""
+  fix = f'set --config.data.path to a glob of {what}'
+  if not cfg.path:
+    raise DataError(f'data.source={cfg.source!r} needs data.path; {fix}.')
+  patterns = [os.path.expanduser(p.strip()) for p in cfg.path.split(',') if p.strip()]
+  paths = sorted({p for pat in patterns for p in glob.glob(pat, recursive=True) if os.path.isfile(p)})
+  if not paths:
+    raise DataError(f'data.path={cfg.path!r} matched no files; {fix}.')
+  return paths
+
+
+def _need(module: str, package: str, source: str):
+  try:
+    return importlib.import_module(module)
+  except ImportError as e:
+    raise DataError(f'data.source={source!r} needs the {package!r} package: '
+                    f'pip install {package}') from e
+
+
+def load_documents(cfg) -> Documents:
+  """The documents of `data.source` / `data.path`; raises DataError if they cannot be used."""
+  name = f'data.path={cfg.path!r}'
+  if cfg.source == 'builtin':
+    docs = _builtin(cfg)
+  elif cfg.source == 'text':
+    docs = FileDocs(_glob(cfg, 'UTF-8 text files'), name)
+  elif cfg.source == 'jsonl':
+    docs = JsonlDocs(_glob(cfg, 'JSON-lines files'), cfg.text_field, name)
+  elif cfg.source == 'parquet':
+    docs = ParquetDocs(_glob(cfg, 'parquet files'), cfg.text_field, name)
+  elif cfg.source == 'arrayrecord':
+    docs = ArrayRecordDocs(_glob(cfg, 'ArrayRecord files'), cfg.text_field, name)
+  elif cfg.source == 'hf':
+    if not cfg.path:
+      raise DataError("data.source='hf' needs data.path; set --config.data.path to a Hugging Face "
+                      'dataset name (and data.hf_config / data.hf_split).')
+    docs = HFDocs(cfg)
+  else:
+    raise DataError(f'Unknown data.source={cfg.source!r}; set --config.data.source to one of '
+                    f'{", ".join(SOURCES)}.')
+  empty = len(docs) == 0 or (docs.sizes is not None and not docs.sizes.any())
+  if empty or len(docs) < 2:
+    what = 'is empty' if empty else 'has only 1 document'
+    raise DataError(f'{docs.name} {what}; the train/validation split needs at least 2 documents. '
+                    'Point --config.data.path at more data.')
+  for i in range(min(len(docs), _NUM_CHECKED)):
+    docs[i]  # pylint: disable=pointless-statement
+  return docs
+
+
+def _unit_hash(i_n: np.ndarray) -> np.ndarray:
+  """splitmix64 of each index, as a float64 uniform in [0, 1)."""
+  x = i_n.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+  x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+  x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+  x = x ^ (x >> np.uint64(31))
+  return (x >> np.uint64(11)).astype(np.float64) / 2.0**53
+
+
+def split_documents(num_docs: int, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+  """(train_ids, val_ids): each index is held out when its hash < val_fraction.
+
+  Independent of the training seed; at least one document on each side.
+  """
+  if not 0.0 <= val_fraction < 1.0:
+    raise DataError(f'data.val_fraction={val_fraction} must be in [0, 1).')
+  u_n = _unit_hash(np.arange(num_docs))
+  val_n = u_n < val_fraction
+  val_n[np.argmin(u_n)] = True
+  val_n[np.argmax(u_n)] = False
+  return np.flatnonzero(~val_n), np.flatnonzero(val_n)

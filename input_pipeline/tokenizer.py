@@ -1,0 +1,151 @@
+"""Tokenizers: UTF-8 bytes, a Hugging Face tokenizer.json, a sentencepiece .model.
+
+`make_tokenizer(spec)` picks one from `data.tokenizer`:
+  'byte'                 UTF-8 bytes 0..255, BOS = 256, vocab_size 257 (no files needed)
+  '.../tokenizer.json'   Hugging Face `tokenizers` (e.g. Qwen's); needs `pip install tokenizers`
+  '.../name.model'       sentencepiece; needs `pip install sentencepiece`
+"""
+
+import json
+import os
+
+import numpy as np
+
+from input_pipeline.errors import DataError
+
+_FIX = ("set --config.data.tokenizer=byte, or to a path to a Hugging Face "
+        "tokenizer.json or a sentencepiece .model file")
+# Tried in order when a tokenizer.json names no BOS token (`<|endoftext|>` last: Qwen has no BOS).
+_HF_BOS_CANDIDATES = ('<|begin_of_text|>', '<bos>', '<s>', '<|startoftext|>', '[BOS]',
+                      '<|endoftext|>')
+
+
+class Tokenizer:
+  """Base class. Subclasses set `name`, `vocab_size`, `bos_id` and define encode/decode."""
+
+  name: str
+  vocab_size: int
+  bos_id: int
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, without BOS."""
+    raise NotImplementedError
+
+  def decode(self, ids) -> str:
+    """Text of `ids`; BOS tokens are dropped."""
+    raise NotImplementedError
+
+  def encode_array(self, text: str) -> np.ndarray:
+    """`encode` as an int32 array [num_tokens]; subclasses may vectorise it."""
+    return np.asarray(self.encode(text), np.int32)
+
+  def encode_doc(self, text: str) -> np.ndarray:
+    """One packed document: int32 [1 + num_tokens], BOS first."""
+    return np.concatenate([np.array([self.bos_id], np.int32), self.encode_array(text)])
+
+  def __repr__(self):
+    return f'{type(self).__name__}({self.name!r}, vocab_size={self.vocab_size}, bos_id={self.bos_id})'
+
+
+class ByteTokenizer(Tokenizer):
+  """UTF-8 bytes are ids 0..255; BOS is 256."""
+
+  name, vocab_size, bos_id = 'byte', 257, 256
+
+  def encode_array(self, text: str) -> np.ndarray:
+    return np.frombuffer(text.encode('utf-8'), np.uint8).astype(np.int32)
+
+  def encode(self, text: str) -> list[int]:
+    return list(text.encode('utf-8'))
+
+  def decode(self, ids) -> str:
+    ids_n = np.asarray(ids, np.int64).reshape(-1)
+    return ids_n[(ids_n >= 0) & (ids_n < 256)].astype(np.uint8).tobytes().decode('utf-8', 'replace')
+
+
+class _FileTokenizer(Tokenizer):
+  """A tokenizer loaded from `path`; pickles as its path (for grain worker processes)."""
+
+  def __getstate__(self):
+    return {'path': self.path}
+
+  def __setstate__(self, state):
+    self.__init__(state['path'])
+
+
+class HFTokenizer(_FileTokenizer):
+  """A Hugging Face `tokenizers` tokenizer.json; special tokens are never added by `encode`."""
+
+  def __init__(self, path: str):
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    self.path, self.name = path, f'hf:{os.path.basename(path)}'
+    try:
+      self._tok = tokenizers.Tokenizer.from_file(path)
+    except Exception as e:  # pylint: disable=broad-except
+      raise DataError(f'data.tokenizer={path!r} is not a valid tokenizer.json ({e}); {_FIX}.') from e
+    self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+    self.bos_token, self.bos_id = _hf_bos(self._tok, path)
+
+  def encode(self, text: str) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids) -> str:
+    ids = [int(i) for i in np.asarray(ids).reshape(-1) if int(i) != self.bos_id]
+    return self._tok.decode(ids, skip_special_tokens=False)
+
+
+def _hf_bos(tok, path: str) -> tuple[str, int]:
+  """The BOS token: tokenizer_config.json's `bos_token` if given, else a known one."""
+  names = list(_HF_BOS_CANDIDATES)
+  config_path = os.path.join(os.path.dirname(path), 'tokenizer_config.json')
+  if os.path.isfile(config_path):
+    with open(config_path) as f:
+      bos = json.load(f).get('bos_token')
+    bos = bos.get('content') if isinstance(bos, dict) else bos
+    if bos:
+      names.insert(0, bos)
+  for name in names:
+    token_id = tok.token_to_id(name)
+    if token_id is not None:
+      return name, token_id
+  raise DataError(
+      f'data.tokenizer={path!r} has no BOS token: none of {", ".join(names)} is in its vocabulary '
+      '(documents are packed with a BOS token in front). Add one as a special token, or name it '
+      'as "bos_token" in a tokenizer_config.json next to the tokenizer.json.')
+
+
+class SentencePieceTokenizer(_FileTokenizer):
+  """A sentencepiece model; BOS is its bos_id(), else its eos_id()."""
+
+  def __init__(self, path: str):
+    import sentencepiece  # pylint: disable=g-import-not-at-top
+    self.path, self.name = path, f'sentencepiece:{os.path.basename(path)}'
+    try:
+      self._sp = sentencepiece.SentencePieceProcessor(model_file=path)
+    except Exception as e:  # pylint: disable=broad-except
+      raise DataError(f'data.tokenizer={path!r} is not a valid sentencepiece model ({e}); {_FIX}.') from e
+    self.vocab_size = self._sp.get_piece_size()
+    self.bos_id = self._sp.bos_id() if self._sp.bos_id() >= 0 else self._sp.eos_id()
+    if self.bos_id < 0:
+      raise DataError(f'data.tokenizer={path!r} has neither a BOS nor an EOS id (both -1); retrain '
+                      'it with --bos_id or --eos_id set (documents are packed with a BOS in front).')
+
+  def encode(self, text: str) -> list[int]:
+    return self._sp.encode(text, out_type=int)
+
+  def decode(self, ids) -> str:
+    return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1) if int(i) != self.bos_id])
+
+
+def make_tokenizer(spec: str) -> Tokenizer:
+  """The tokenizer named by `data.tokenizer` ('byte', a *.json or a *.model path)."""
+  if spec == 'byte':
+    return ByteTokenizer()
+  if not spec:
+    raise DataError(f'data.tokenizer is empty; {_FIX} (Qwen\'s tokenizer.json for the paper scales).')
+  if not spec.endswith(('.json', '.model')):
+    raise DataError(f'Unknown data.tokenizer={spec!r}; {_FIX}.')
+  path = os.path.expanduser(spec)
+  if not os.path.isfile(path):
+    raise DataError(f'data.tokenizer={spec!r}: the file does not exist; {_FIX}.')
+  return HFTokenizer(path) if path.endswith('.json') else SentencePieceTokenizer(path)
