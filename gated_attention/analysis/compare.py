@@ -1,0 +1,116 @@
+"""`--mode=compare RUN1 RUN2 ...`: the paper's table (variant, gate score, M-Act, F-Attn, PPL)
+and side-by-side figures (per-layer F-Attn, per-layer M-Act, loss curves) for several runs.
+
+Each run's numbers come from RUN/analysis/report.json (run `--mode=analyze` first). A run not
+analysed yet falls back to its last validation row in metrics.jsonl, which the training loop
+computes on the first held-out batch only; such rows are marked in the table.
+
+Writes OUT/compare.md, OUT/compare.json, OUT/f_attn_per_layer.png, OUT/m_act_per_layer.png and
+OUT/loss_curves.png; returns the markdown.
+"""
+
+import json
+import os
+
+from gated_attention.analysis import plots, runs
+
+COLUMNS = ('variant', 'gate score', 'M-Act', 'F-Attn', 'PPL')
+_FALLBACK_MARK = '*'
+
+
+def _fmt(x, spec):
+  return '-' if x is None else format(x, spec)
+
+
+def run_summary(workdir: str) -> dict:
+  """One run's row: from its analysis report, else its last validation metrics."""
+  config = runs.read_config(workdir)
+  rows = runs.read_metrics(workdir)
+  out = {'workdir': workdir, 'variant': config.get('variant', os.path.basename(workdir)),
+         'metrics': rows, 'source': None, 'step': None, 'gate_score': None, 'm_act': None,
+         'f_attn': None, 'ppl': None, 'f_attn_per_layer': None, 'm_act_per_layer': None}
+  report_path = os.path.join(workdir, runs.ANALYSIS_DIR, 'report.json')
+  if os.path.isfile(report_path):
+    with open(report_path) as f:
+      rep = json.load(f)
+    out.update(source='analysis', step=rep.get('step'), gate_score=rep.get('gate_score_mean'),
+               m_act=rep.get('m_act_mean'), f_attn=rep.get('f_attn_mean'), ppl=rep.get('ppl'),
+               f_attn_per_layer=rep.get('f_attn'),
+               m_act_per_layer=(rep.get('m_act') or {}).get('ffn_residual'))
+    return out
+  val = [r for r in rows if r.get('split') == 'val']
+  if val:
+    last = val[-1]
+    out.update(source='metrics', step=last.get('step'), gate_score=last.get('gate_score_mean'),
+               m_act=last.get('m_act_mean'), f_attn=last.get('f_attn_mean'),
+               ppl=last.get('ppl'), f_attn_per_layer=last.get('f_attn'),
+               m_act_per_layer=last.get('m_act'))
+  return out
+
+
+def _names(summaries) -> list[str]:
+  """Variant names, made unique with the run directory's name where variants repeat."""
+  variants = [s['variant'] for s in summaries]
+  names = []
+  for s in summaries:
+    name = s['variant']
+    if variants.count(name) > 1:
+      name = f'{name} ({os.path.basename(os.path.normpath(s["workdir"]))})'
+    names.append(name)
+  return names
+
+
+def markdown_table(summaries, names) -> str:
+  lines = ['| ' + ' | '.join(COLUMNS + ('step', 'run')) + ' |',
+           '|' + '---|' * (len(COLUMNS) + 2)]
+  fallback = False
+  for s, name in zip(summaries, names):
+    mark = ''
+    if s['source'] == 'metrics':
+      mark, fallback = _FALLBACK_MARK, True
+    cells = [name + mark, _fmt(s['gate_score'], '.3f'), _fmt(s['m_act'], '.1f'),
+             _fmt(s['f_attn'], '.3f'), _fmt(s['ppl'], '.3f'), _fmt(s['step'], 'd'),
+             f'`{s["workdir"]}`']
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  notes = []
+  if fallback:
+    notes.append(f'({_FALLBACK_MARK}) not analysed yet: last validation metrics of training '
+                 '(F-Attn, M-Act and gate score of the first held-out batch); run '
+                 '`python main.py --mode=analyze --workdir=RUN` for the full analysis.')
+  if any(s['source'] is None for s in summaries):
+    notes.append('"-" in every column: no analysis and no validation metrics in that run yet.')
+  notes.append('gate score: mean gate activation over layers (- for ungated runs); M-Act: max '
+               '|h| of each layer\'s output, averaged over layers; F-Attn: attention to the first '
+               'token, averaged over heads, queries 1..T-1 and layers; PPL: validation '
+               'perplexity.')
+  return '\n'.join(lines) + '\n\n' + '\n'.join(f'- {n}' for n in notes) + '\n'
+
+
+def compare(run_dirs: list[str], out_dir: str) -> str:
+  """Writes the comparison of `run_dirs` into `out_dir`; returns the markdown table."""
+  if not run_dirs:
+    raise ValueError('compare() needs at least one run directory.')
+  summaries = [run_summary(d) for d in run_dirs]
+  names = _names(summaries)
+  os.makedirs(out_dir, exist_ok=True)
+  md = '# Gated-attention runs compared\n\n' + markdown_table(summaries, names)
+  figures = {
+      'f_attn_per_layer.png': plots.per_layer_compare_figure(
+          {n: s['f_attn_per_layer'] for n, s in zip(names, summaries)},
+          'F-Attn (attention to token 0)', title='F-Attn per layer'),
+      'm_act_per_layer.png': plots.per_layer_compare_figure(
+          {n: s['m_act_per_layer'] for n, s in zip(names, summaries)},
+          'max |h| of the layer output', log=True, title='M-Act per layer'),
+      'loss_curves.png': plots.loss_curves_figure(
+          {n: s['metrics'] for n, s in zip(names, summaries)}),
+  }
+  for name, fig in figures.items():
+    plots.save(fig, os.path.join(out_dir, name))
+  md += '\n' + '\n'.join(f'![{name}]({name})' for name in figures) + '\n'
+  with open(os.path.join(out_dir, 'compare.md'), 'w') as f:
+    f.write(md)
+  table = [{k: v for k, v in s.items() if k != 'metrics'} | {'name': n}
+           for s, n in zip(summaries, names)]
+  with open(os.path.join(out_dir, 'compare.json'), 'w') as f:
+    json.dump({'runs': table, 'figures': sorted(figures)}, f, indent=1)
+  return md
