@@ -1,0 +1,320 @@
+"""A plain numpy float64 reference of the dense gated-attention decoder, for the tests.
+
+Written from the paper (PAPER.md) and the Hugging Face conventions (Qwen3 / LLaMA rotate-half
+RoPE, HF's YaRN), independently of the JAX code: nothing here imports jax, flax or
+gated_attention. Only the parameter *names* follow the JAX model, so that the parameters can be
+taken from `nnx.state(model)` (see `to_float64`).
+
+Conventions (shapes): B batch, T sequence, D hidden, H query heads, K KV heads, G = H // K,
+d head_dim, F ffn size, V vocabulary, L layers.
+  wq [D, H, d], wk / wv [D, K, d], wo [H, d, D]; query head h reads KV head h // G.
+  Gates (kernel: input-dependent; bias: input-independent; scale: per-head RMSNorm):
+    G1 (SDPA output, per query head)  elementwise kernel [D, H, d], headwise [D, H]
+    G2 / G3 (value / key, per KV head) elementwise [D, K, d], headwise [D, K]
+    G4 (query projection)              elementwise [D, H, d]
+    G5 (output of W_O)                 [D, D]
+  Block (pre-norm, optional sandwich norm):  h += [N](Attn(N(h)));  h += [N](SwiGLU(N(h))).
+"""
+
+import math
+
+import numpy as np
+
+# Tiny shapes the tests use for whole models.
+TINY_MODEL = dict(vocab_size=61, num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2,
+                  head_dim=8, ffn_size=48, init_std=0.25)
+
+GATE_RMSNORM_EPS = 1e-6   # eps of the G1 per-head RMSNorm ("SDPA GroupNorm")
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter conversion
+# --------------------------------------------------------------------------------------------
+
+def to_float64(tree):
+  """Nested mapping of arrays (e.g. `nnx.to_pure_dict(nnx.state(model))`) -> float64 numpy."""
+  if hasattr(tree, 'items'):
+    return {str(k): to_float64(v) for k, v in tree.items()}
+  return np.asarray(tree, dtype=np.float64)
+
+
+def layer(tree, i):
+  """Layer i of parameters stacked on a leading layers axis."""
+  if isinstance(tree, dict):
+    return {k: layer(v, i) for k, v in tree.items()}
+  return tree[i]
+
+
+# --------------------------------------------------------------------------------------------
+# Elementary functions
+# --------------------------------------------------------------------------------------------
+
+def sigmoid(z):
+  z = np.asarray(z, np.float64)
+  return np.where(z >= 0, 1.0 / (1.0 + np.exp(-np.abs(z))),
+                  np.exp(-np.abs(z)) / (1.0 + np.exp(-np.abs(z))))
+
+
+def silu(z):
+  return z * sigmoid(z)
+
+
+def rms_norm(x, scale, eps):
+  """x / sqrt(mean(x^2) + eps) * scale over the last axis."""
+  x = np.asarray(x, np.float64)
+  return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def swiglu(x, w_gate, w_up, w_down):
+  return (silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+def embed(table, tokens):
+  return np.asarray(table)[np.asarray(tokens)]
+
+
+def softmax(z, axis=-1):
+  z = z - np.max(z, axis=axis, keepdims=True)
+  e = np.exp(z)
+  return e / np.sum(e, axis=axis, keepdims=True)
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE (rotate-half layout) and YaRN (Hugging Face's `_compute_yarn_parameters`)
+# --------------------------------------------------------------------------------------------
+
+def yarn_hf(dim, base, factor, original_max_position_embeddings, beta_fast=32.0, beta_slow=1.0):
+  """(inv_freq, attention_factor) as Hugging Face transformers computes them for YaRN."""
+
+  def get_mscale(scale, mscale=1.0):
+    if scale <= 1:
+      return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+  def find_correction_dim(num_rotations):
+    return (dim * math.log(original_max_position_embeddings / (num_rotations * 2 * math.pi))
+            / (2 * math.log(base)))
+
+  low = max(math.floor(find_correction_dim(beta_fast)), 0)
+  high = min(math.ceil(find_correction_dim(beta_slow)), dim - 1)
+  if low == high:
+    high += 0.001
+  ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+  pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+  inv_freq_extrapolation = 1.0 / pos_freqs
+  inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+  extrapolation_factor = 1.0 - ramp
+  inv_freq = (inv_freq_interpolation * (1 - extrapolation_factor)
+              + inv_freq_extrapolation * extrapolation_factor)
+  return inv_freq, get_mscale(factor)
+
+
+def rope_parameters(head_dim, base, scaling=None):
+  """(inv_freq [d/2], scale of sin/cos) for rope_scaling None / type none / type yarn."""
+  if scaling is None or scaling.get('type', 'none') == 'none':
+    return 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim), 1.0
+  assert scaling['type'] == 'yarn', scaling
+  return yarn_hf(head_dim, base, float(scaling['factor']), float(scaling['original_max_len']))
+
+
+def rotate_half(x):
+  half = x.shape[-1] // 2
+  return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_rope(x_BxTxNxd, positions_BxT, inv_freq, mscale=1.0):
+  """HF's apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, cos/sin = cat(f, f)."""
+  freqs = np.asarray(positions_BxT, np.float64)[..., None] * inv_freq      # [B, T, d/2]
+  emb = np.concatenate([freqs, freqs], axis=-1)[:, :, None, :]              # [B, T, 1, d]
+  cos, sin = np.cos(emb) * mscale, np.sin(emb) * mscale
+  return x_BxTxNxd * cos + rotate_half(x_BxTxNxd) * sin
+
+
+# --------------------------------------------------------------------------------------------
+# Causal grouped-query attention
+# --------------------------------------------------------------------------------------------
+
+def causal_gqa_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd):
+  """Returns (output [B, T, H, d], probabilities [B, H, T, T]); head h reads KV head h // G."""
+  B, T, H, d = q_BxTxHxd.shape
+  K = k_BxTxKxd.shape[2]
+  G = H // K
+  out = np.zeros((B, T, H, d))
+  probs = np.zeros((B, H, T, T))
+  for b in range(B):
+    for h in range(H):
+      kv = h // G
+      for t in range(T):
+        s = k_BxTxKxd[b, :t + 1, kv] @ q_BxTxHxd[b, t, h] / math.sqrt(d)   # keys 0..t only
+        p = softmax(s)
+        probs[b, h, t, :t + 1] = p
+        out[b, t, h] = p @ v_BxTxKxd[b, :t + 1, kv]
+  return out, probs
+
+
+# --------------------------------------------------------------------------------------------
+# The gate
+# --------------------------------------------------------------------------------------------
+
+GATE_DEFAULTS = dict(position='none', kind='gate', granularity='elementwise', head_shared=False,
+                     shared_reduce='score', mode='multiplicative', activation='sigmoid',
+                     input_dependent=True, after_qk_norm_rope=False)
+_HOOK = {'g1': 'sdpa', 'g2': 'v', 'g3': 'k', 'g4': 'q', 'g5': 'out'}
+ACTIVATIONS = {
+    'sigmoid': sigmoid,
+    'silu': silu,
+    'ns_sigmoid': lambda z: 0.5 + 0.5 * sigmoid(z),
+    'identity': lambda z: z,
+}
+
+
+def gate_hook(spec):
+  """Where the gate acts: 'sdpa' | 'v' | 'k' | 'q' | 'out', '+_rope' after QK-norm and RoPE."""
+  spec = dict(GATE_DEFAULTS, **spec)
+  if spec['position'] == 'none':
+    return None
+  return _HOOK[spec['position']] + ('_rope' if spec['after_qk_norm_rope'] else '')
+
+
+def gate_scores(spec, p, x_BxTxD):
+  """act(X W) shaped to broadcast against the gated tensor ([B, T, N, d|1] or [B, T, D])."""
+  spec = dict(GATE_DEFAULTS, **spec)
+  x = np.asarray(x_BxTxD, np.float64)
+  act = ACTIVATIONS[spec['activation']]
+  if spec['input_dependent']:
+    logits = np.tensordot(x, p['kernel'], axes=([-1], [0]))     # [B, T, *kernel.shape[1:]]
+  else:
+    logits = np.asarray(p['bias'])[None, None]                  # the same for every token
+  if spec['granularity'] == 'headwise':
+    logits = logits[..., None]                                  # one scalar per head
+  if not spec['head_shared']:
+    return act(logits)
+  n = logits.shape[2]
+  if spec['shared_reduce'] == 'logit':
+    return act(sum(logits[:, :, i:i + 1] for i in range(n)) / n)
+  return sum(act(logits[:, :, i:i + 1]) for i in range(n)) / n
+
+
+def gate_apply(spec, p, hook, y, x_BxTxD):
+  """The gate (or G1 ablation) applied at `hook`; y passes through at any other hook."""
+  spec = dict(GATE_DEFAULTS, **spec)
+  if hook != gate_hook(spec):
+    return y
+  if spec['kind'] == 'silu_noparam':
+    return silu(y)
+  if spec['kind'] == 'rmsnorm':
+    return rms_norm(y, p['scale'], GATE_RMSNORM_EPS)
+  s = gate_scores(spec, p, x_BxTxD)
+  return y * s if spec['mode'] == 'multiplicative' else y + s
+
+
+# --------------------------------------------------------------------------------------------
+# Attention layer, block, model
+# --------------------------------------------------------------------------------------------
+
+def attention_layer(p, x_BxTxD, positions_BxT, m):
+  """One attention sublayer. `p`: the layer's 'attn' parameters; `m`: the model config dict.
+
+  Returns (output [B, T, D], extras) with extras: probs [B, H, T, T], the SDPA output before
+  and after the G1 hook, and the gate scores (for kind 'gate').
+  """
+  spec = dict(GATE_DEFAULTS, **dict(m.get('gate', {})))
+  gp = p.get('gate', {})
+  g = lambda hook, y: gate_apply(spec, gp, hook, y, x_BxTxD)  # noqa: E731
+  x = np.asarray(x_BxTxD, np.float64)
+  q = np.einsum('btd,dhk->bthk', x, p['wq'])
+  k = np.einsum('btd,dhk->bthk', x, p['wk'])
+  v = np.einsum('btd,dhk->bthk', x, p['wv'])
+  q, k, v = g('q', q), g('k', k), g('v', v)
+  if m['qk_norm']:
+    q = rms_norm(q, p['q_norm']['scale'], m['norm_eps'])
+    k = rms_norm(k, p['k_norm']['scale'], m['norm_eps'])
+  inv_freq, mscale = rope_parameters(m['head_dim'], m['rope_base'], m.get('rope_scaling'))
+  q = apply_rope(q, positions_BxT, inv_freq, mscale)
+  k = apply_rope(k, positions_BxT, inv_freq, mscale)
+  q, k = g('q_rope', q), g('k_rope', k)
+  y, probs = causal_gqa_attention(q, k, v)
+  y_gated = g('sdpa', y)
+  out = np.einsum('bthk,hkd->btd', y_gated, p['wo'])
+  out = g('out', out)
+  extras = {'probs': probs, 'y_pre_gate': y, 'y_post_gate': y_gated}
+  if spec['position'] != 'none' and spec['kind'] == 'gate':
+    extras['gate_scores'] = gate_scores(spec, gp, x)
+  return out, extras
+
+
+def block(p, h_BxTxD, positions_BxT, m):
+  eps = m['norm_eps']
+  attn_out, extras = attention_layer(p['attn'], rms_norm(h_BxTxD, p['attn_norm']['scale'], eps),
+                                     positions_BxT, m)
+  if m['sandwich_norm']:
+    attn_out = rms_norm(attn_out, p['attn_post_norm']['scale'], eps)
+  h = h_BxTxD + attn_out
+  ffn = p['ffn']
+  ffn_out = swiglu(rms_norm(h, p['ffn_norm']['scale'], eps), ffn['wi_gate'], ffn['wi_up'],
+                   ffn['wo'])
+  if m['sandwich_norm']:
+    ffn_out = rms_norm(ffn_out, p['ffn_post_norm']['scale'], eps)
+  h_out = h + ffn_out
+  extras.update(attn_out=attn_out, attn_residual=h, ffn_out=ffn_out, ffn_residual=h_out)
+  return h_out, extras
+
+
+def forward(params, tokens_BxT, m):
+  """Logits [B, T, V] (float64) and a list of per-layer extras (see `block`)."""
+  tokens = np.asarray(tokens_BxT)
+  B, T = tokens.shape
+  positions = np.broadcast_to(np.arange(T), (B, T))
+  h = embed(params['embed']['embedding'], tokens)
+  per_layer = []
+  for i in range(m['num_layers']):
+    h, extras = block(layer(params['blocks'], i), h, positions, m)
+    per_layer.append(extras)
+  h = rms_norm(h, params['final_norm']['scale'], m['norm_eps'])
+  if m['tie_embeddings']:
+    logits = h @ params['embed']['embedding'].T
+  else:
+    logits = h @ params['lm_head']
+  return logits, per_layer
+
+
+def f_attn_per_head(probs_BxHxTxT):
+  """F-Attn per head: probability on token 0, averaged over batch and queries 1..T-1."""
+  return probs_BxHxTxT[:, :, 1:, 0].mean(axis=(0, 2))
+
+
+# --------------------------------------------------------------------------------------------
+# Test support (no jax): the variant configs
+# --------------------------------------------------------------------------------------------
+
+def variant_names():
+  """Every config file's stem in configs/ (one per variant), sorted."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  root = pathlib.Path(__file__).resolve().parent.parent / 'configs'
+  return sorted(p.stem for p in root.glob('*.py') if p.stem not in ('__init__', 'base'))
+
+
+def gated_variant_names():
+  return [n for n in variant_names() if not n.startswith('baseline')]
+
+
+def load_config(name, scale='tiny'):
+  import importlib  # pylint: disable=g-import-not-at-top
+  return importlib.import_module(f'configs.{name}').get_config(scale)
+
+
+def tiny_model_config(name, **overrides):
+  """The variant's model config at scale 'tiny', shrunk to TINY_MODEL (+ overrides).
+
+  Head counts that the variant changes relative to the base config (baseline_more_q_heads,
+  baseline_more_kv_heads) keep the variant's ratio: 4 -> 6 query heads, 2 -> 4 KV heads.
+  """
+  from fractions import Fraction  # pylint: disable=g-import-not-at-top
+  base_m = load_config('baseline', 'tiny').model
+  m = load_config(name, 'tiny').model
+  shapes = dict(TINY_MODEL)
+  for field in ('num_heads', 'num_kv_heads'):
+    ratio = Fraction(m[field], base_m[field])
+    shapes[field] = int(shapes[field] * ratio)
+  m.update(dict(shapes, **overrides))
+  return m

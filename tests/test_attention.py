@@ -1,0 +1,223 @@
+"""attention.py: fused == explicit == numpy float64 reference, GQA head mapping, inspect stats."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gated_attention import attention
+from tests import reference as ref
+
+B, T = 2, 8
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def _randn(seed, shape, scale=1.0):
+  return scale * jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+def _f64(a):
+  return np.asarray(a, np.float64)
+
+
+def _perturb(module, seed, scale=0.1):
+  """Adds noise to every parameter (so ones/zeros-initialised ones are generic)."""
+  state = nnx.state(module, nnx.Param)
+  leaves, treedef = jax.tree_util.tree_flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  leaves = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+  nnx.update(module, jax.tree_util.tree_unflatten(treedef, leaves))
+
+
+def _jitted(module):
+  """One compiled function running both paths: (fused out, stats), (explicit out, stats)."""
+  graphdef, state = nnx.split(module)
+
+  @jax.jit
+  def both(state, x, pos):
+    attn = nnx.merge(graphdef, state)
+    return attn(x, pos), attn(x, pos, inspect=True)
+
+  return lambda x, pos: both(state, x, pos)
+
+
+@jax.jit
+def _both_cores(q, k, v):
+  return attention.explicit_attention(q, k, v), jax.nn.dot_product_attention(q, k, v,
+                                                                              is_causal=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The attention core
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('H,K', [(4, 2), (4, 4), (4, 1), (6, 2)])
+def test_fused_equals_explicit_equals_reference(H, K):
+  d = 8
+  q, k, v = _randn(0, (B, T, H, d)), _randn(1, (B, T, K, d)), _randn(2, (B, T, K, d))
+  q = q * 2.0                                              # peakier softmax
+  (y_explicit, probs), y_fused = _both_cores(q, k, v)
+  y_ref, probs_ref = ref.causal_gqa_attention(_f64(q), _f64(k), _f64(v))
+  assert y_explicit.shape == (B, T, H, d) and probs.shape == (B, H, T, T)
+  np.testing.assert_allclose(y_explicit, y_ref, **TOL)
+  np.testing.assert_allclose(y_fused, y_ref, **TOL)
+  np.testing.assert_allclose(probs, probs_ref, rtol=1e-5, atol=1e-6)
+  probs = np.asarray(probs)
+  assert np.all(probs[:, :, np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)  # causal
+  np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
+
+
+def test_gqa_head_mapping_is_group_major():
+  """Query head h reads KV head h // G: give each KV head constant values c_j."""
+  H, K, d = 6, 3, 4
+  G = H // K
+  c = np.array([1.0, -2.0, 5.0], np.float32)
+  v = jnp.broadcast_to(jnp.asarray(c)[None, None, :, None], (B, T, K, d))
+  q, k = _randn(3, (B, T, H, d)), _randn(4, (B, T, K, d))
+  (y_explicit, probs), y_fused = _both_cores(q, k, v)
+  for y in (y_explicit, y_fused):
+    for h in range(H):
+      np.testing.assert_allclose(y[:, :, h], c[h // G], rtol=1e-5)
+  # and the scores: query head h must match KV head h // G's keys
+  y_ref, probs_ref = ref.causal_gqa_attention(_f64(q), _f64(k), _f64(v))
+  np.testing.assert_allclose(probs, probs_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_explicit_attention_is_causal():
+  H, K, d = 4, 2, 8
+  q, k, v = _randn(5, (1, T, H, d)), _randn(6, (1, T, K, d)), _randn(7, (1, T, K, d))
+  (y0, _), f0 = _both_cores(q, k, v)
+  t = 5
+  k2 = k.at[:, t:].set(_randn(8, (1, T - t, K, d)))
+  v2 = v.at[:, t:].set(_randn(9, (1, T - t, K, d)))
+  (y1, _), f1 = _both_cores(q, k2, v2)
+  for a, b in ((y0, y1), (f0, f1)):
+    np.testing.assert_allclose(a[:, :t], b[:, :t], rtol=0, atol=1e-6)
+    assert not np.allclose(a[:, t:], b[:, t:])
+
+
+# --------------------------------------------------------------------------------------------
+# The attention module (projections, QK-norm, RoPE, gate hooks)
+# --------------------------------------------------------------------------------------------
+
+MODULE_CASES = {
+    'qk_norm': dict(qk_norm=True),
+    'no_qk_norm': dict(qk_norm=False),
+    'mqa_yarn': dict(num_kv_heads=1, rope_scaling=dict(type='yarn', factor=4.0,
+                                                       original_max_len=4096)),
+    # gate switches that no config file uses
+    'g4_after_qk_norm_rope': dict(gate=dict(position='g4', after_qk_norm_rope=True)),
+    'g3_after_qk_norm_rope': dict(gate=dict(position='g3', after_qk_norm_rope=True,
+                                            granularity='headwise')),
+    'g3_headwise_no_qk_norm': dict(qk_norm=False, gate=dict(position='g3', granularity='headwise')),
+    'g2_headwise_shared_logit': dict(gate=dict(position='g2', granularity='headwise',
+                                               head_shared=True, shared_reduce='logit')),
+    'g1_headshared_logit_silu': dict(gate=dict(position='g1', head_shared=True,
+                                               shared_reduce='logit', activation='silu')),
+    'g1_input_independent_headwise': dict(gate=dict(position='g1', input_dependent=False,
+                                                    granularity='headwise')),
+    'g5_input_independent_ns': dict(gate=dict(position='g5', input_dependent=False,
+                                              activation='ns_sigmoid')),
+    'g4_additive_silu': dict(gate=dict(position='g4', mode='additive', activation='silu')),
+}
+
+
+def _module_cfg(case):
+  over = dict(MODULE_CASES[case])
+  gate = over.pop('gate', {})
+  scaling = over.pop('rope_scaling', None)
+  cfg = ref.tiny_model_config('baseline', **over)
+  cfg.gate.update(gate)
+  if scaling:
+    cfg.rope_scaling.update(scaling)
+  return cfg
+
+
+@pytest.fixture(scope='module')
+def modules():
+  cache = {}
+
+  def get(case):
+    if case not in cache:
+      cfg = _module_cfg(case)
+      attn = attention.Attention(cfg, rngs=nnx.Rngs(11))
+      _perturb(attn, seed=12)
+      both = _jitted(attn)
+      x = _randn(13, (B, T, cfg.hidden_size))
+      pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+      params = ref.to_float64(nnx.to_pure_dict(nnx.state(attn, nnx.Param)))
+      want, extras = ref.attention_layer(params, _f64(x), np.asarray(pos), cfg.to_dict())
+      (out, stats), (out_i, stats_i) = both(x, pos)
+      cache[case] = dict(cfg=cfg, attn=attn, x=x, pos=pos, params=params, want=want,
+                         extras=extras, out=out, stats=stats, out_i=out_i, stats_i=stats_i)
+    return cache[case]
+
+  return get
+
+
+@pytest.mark.parametrize('case', list(MODULE_CASES))
+def test_attention_module_matches_reference(modules, case):
+  m = modules(case)
+  out, stats, out_i = m['out'], m['stats'], m['out_i']
+  assert out.shape == m['x'].shape and stats == {}
+  np.testing.assert_allclose(out, m['want'], **TOL)
+  np.testing.assert_allclose(out_i, m['want'], **TOL)                     # explicit path
+  np.testing.assert_allclose(out_i, out, rtol=1e-5, atol=1e-5)            # == fused path
+
+
+@pytest.mark.parametrize('case', ['qk_norm', 'no_qk_norm', 'g1_headshared_logit_silu'])
+def test_inspect_stats(modules, case):
+  m = modules(case)
+  stats = m['stats_i']
+  probs = m['extras']['probs']                                            # [B, H, T, T]
+  H = m['cfg'].num_heads
+  assert stats['f_attn_H'].shape == (H,)
+  np.testing.assert_allclose(stats['f_attn_H'], probs[:, :, 1:, 0].mean(axis=(0, 2)),
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(stats['f_attn_H'], ref.f_attn_per_head(probs), rtol=1e-5, atol=1e-6)
+  assert stats['attn_map'].shape == (T, T)
+  np.testing.assert_allclose(stats['attn_map'], probs[0].mean(axis=0), rtol=1e-5, atol=1e-6)
+  for key, y in (('sdpa_pre_gate', m['extras']['y_pre_gate']),
+                 ('sdpa_post_gate', m['extras']['y_post_gate'])):
+    a = np.abs(y)
+    np.testing.assert_allclose(stats[key]['abs_mean'], a.mean(), rtol=1e-4)
+    # thresholds: allow a float32 rounding flip of one element at most
+    assert abs(float(stats[key]['frac_below_1e-2']) - (a < 1e-2).mean()) <= 1.0 / a.size
+    assert abs(float(stats[key]['frac_below_1e-3']) - (a < 1e-3).mean()) <= 1.0 / a.size
+  if m['cfg'].gate.position == 'none':
+    assert 'gate' not in stats
+    np.testing.assert_allclose(stats['sdpa_post_gate']['abs_mean'],
+                               stats['sdpa_pre_gate']['abs_mean'])
+  else:
+    assert set(stats['gate']) == {'mean', 'frac_below_0.1', 'hist'}
+
+
+def test_attention_map_is_truncated_to_attn_map_len(modules):
+  m = modules('qk_norm')
+  attn = attention.Attention(m['cfg'], rngs=nnx.Rngs(11))
+  nnx.update(attn, nnx.state(m['attn'], nnx.Param))
+  attn.attn_map_len = 3
+  _, stats = attn(m['x'], m['pos'], inspect=True)
+  assert stats['attn_map'].shape == (3, 3)        # the top-left corner of the full map
+  np.testing.assert_allclose(stats['attn_map'], m['extras']['probs'][0].mean(axis=0)[:3, :3],
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_attention_rejects_heads_not_multiple_of_kv_heads():
+  cfg = ref.tiny_model_config('baseline', num_heads=6, num_kv_heads=4)
+  with pytest.raises(ValueError, match='num_kv_heads'):
+    attention.Attention(cfg, rngs=nnx.Rngs(0))
+
+
+def test_softmax_scale_is_inverse_sqrt_head_dim():
+  """Two keys whose scores differ by s: the probability ratio is exp(s / sqrt(d))."""
+  d = 16
+  q = jnp.zeros((1, 2, 1, d)).at[0, 1, 0, 0].set(3.0)
+  k = jnp.zeros((1, 2, 1, d)).at[0, 0, 0, 0].set(1.0)
+  v = jnp.eye(2, d)[None, :, None, :]
+  _, probs = attention.explicit_attention(q, k, v)
+  p = np.asarray(probs[0, 0, 1])
+  np.testing.assert_allclose(p[0] / p[1], math.exp(3.0 / math.sqrt(d)), rtol=1e-5)

@@ -1,0 +1,168 @@
+"""configs/: every variant builds and validates, scale errors, and remat policies are exact."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import base
+from gated_attention import gating, model
+from tests import reference as ref
+
+VARIANTS = ref.variant_names()
+DENSE_SCALES = ('tiny', 'dense_1p7b_28l', 'dense_1p7b_48l')
+
+# What each variant file sets, relative to the base config (the paper's variant table).
+EXPECTED_GATES = {
+    'baseline': {},
+    'baseline_more_experts': {},
+    'baseline_more_kv_heads': {},
+    'baseline_more_q_heads': {},
+    'baseline_sandwich_norm': {},
+    'g1_elementwise': dict(position='g1'),
+    'g1_elementwise_silu': dict(position='g1', activation='silu'),
+    'g1_additive_silu': dict(position='g1', mode='additive', activation='silu'),
+    'g1_additive_identity': dict(position='g1', mode='additive', activation='identity'),
+    'g1_headwise': dict(position='g1', granularity='headwise'),
+    'g1_headshared': dict(position='g1', head_shared=True),
+    'g1_input_independent': dict(position='g1', input_dependent=False),
+    'g1_ns_sigmoid': dict(position='g1', activation='ns_sigmoid'),
+    'g1_rmsnorm': dict(position='g1', kind='rmsnorm'),
+    'g1_silu_noparam': dict(position='g1', kind='silu_noparam'),
+    'g2_elementwise': dict(position='g2'),
+    'g2_headwise': dict(position='g2', granularity='headwise'),
+    'g2_headshared': dict(position='g2', head_shared=True),
+    'g3_elementwise': dict(position='g3'),
+    'g4_elementwise': dict(position='g4'),
+    'g5_elementwise': dict(position='g5'),
+}
+
+
+def _scale_for(variant):
+  return 'moe_tiny' if variant == 'baseline_more_experts' else 'tiny'
+
+
+def test_expected_table_covers_every_config_file():
+  assert sorted(EXPECTED_GATES) == VARIANTS
+
+
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_variant_builds_and_validates(variant):
+  c = ref.load_config(variant, _scale_for(variant))
+  assert c.variant == variant
+  assert c.scale == _scale_for(variant)
+  spec = gating.GateSpec.from_config(c.model.gate)
+  assert dict(c.model.gate) == dict(base.gate_config(), **EXPECTED_GATES[variant])
+  assert spec.position == EXPECTED_GATES[variant].get('position', 'none')
+  # only the gate (and the baselines' documented changes) differ from the base config
+  b = base.get_config(c.scale)
+  b.model.gate = c.model.gate
+  b.variant = c.variant
+  diff = {k for k in b.model if b.model[k] != c.model[k]}
+  allowed = {'baseline_more_kv_heads': {'num_kv_heads'}, 'baseline_more_q_heads': {'num_heads'},
+             'baseline_sandwich_norm': {'sandwich_norm'},
+             'baseline_more_experts': {'moe'}}.get(variant, set())
+  assert diff == allowed
+  assert c.train == b.train and c.data == b.data
+  # the model can be built (abstractly: no memory, no FLOPs)
+  assert model.param_report(c.model)['total'] > 0
+
+
+@pytest.mark.parametrize('variant', [v for v in VARIANTS if v != 'baseline_more_experts'])
+@pytest.mark.parametrize('scale', DENSE_SCALES[1:])
+def test_variant_builds_at_paper_scales(variant, scale):
+  c = ref.load_config(variant, scale)
+  gating.GateSpec.from_config(c.model.gate)
+  assert c.model.num_heads % c.model.num_kv_heads == 0
+  assert c.data.seq_len == 4096 and c.train.batch_size == 1024
+
+
+def test_baseline_head_changes():
+  assert ref.load_config('baseline_more_kv_heads', 'moe_15a2b').model.num_kv_heads == 8   # 4 -> 8
+  assert ref.load_config('baseline_more_q_heads', 'moe_15a2b').model.num_heads == 48      # 32 -> 48
+  c = ref.load_config('baseline_more_experts', 'moe_15a2b').model.moe
+  assert (c.num_experts, c.top_k) == (132, 12)
+
+
+@pytest.mark.parametrize('variant', ['baseline', 'g1_elementwise', 'baseline_more_experts'])
+def test_unknown_scale_names_the_choices(variant):
+  with pytest.raises(ValueError) as e:
+    ref.load_config(variant, 'dense_7b')
+  msg = str(e.value)
+  assert 'dense_7b' in msg
+  for scale in base.SCALES:
+    assert scale in msg
+
+
+def test_empty_scale_is_tiny():
+  assert ref.load_config('g1_elementwise', '').scale == 'tiny'
+  assert base.get_config().scale == 'tiny'
+
+
+@pytest.mark.parametrize('scale', DENSE_SCALES)
+def test_more_experts_on_dense_scale_is_a_clear_error(scale):
+  with pytest.raises(ValueError, match=r'baseline_more_experts needs an MoE scale.*moe_tiny'):
+    ref.load_config('baseline_more_experts', scale)
+
+
+def test_paper_scale_shapes():
+  m = base.model_config('dense_1p7b_28l')
+  assert (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_size,
+          m.vocab_size, m.tie_embeddings) == (28, 2048, 16, 8, 128, 6144, 151_936, True)
+  m = base.model_config('dense_1p7b_48l')
+  assert (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_size,
+          m.tie_embeddings) == (48, 1536, 16, 8, 128, 4608, True)
+  m = base.model_config('moe_15a2b')
+  assert (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
+          m.tie_embeddings) == (24, 2048, 32, 4, 128, False)
+  assert (m.moe.num_experts, m.moe.top_k, m.moe.expert_ffn_size) == (128, 8, 768)
+  for scale in base.SCALES:
+    m = base.model_config(scale)
+    assert m.qk_norm and m.rope_scaling.type == 'none'
+
+
+# --------------------------------------------------------------------------------------------
+# Remat policies give the same loss and gradients
+# --------------------------------------------------------------------------------------------
+
+def _loss_and_grads(remat):
+  cfg = ref.tiny_model_config('g1_elementwise', remat=remat)
+  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, cfg.vocab_size)
+
+  @nnx.jit
+  def loss_and_grads(m, tokens):
+    def loss_fn(m):
+      logits, _ = m(tokens[:, :-1])
+      logp = jax.nn.log_softmax(logits)
+      return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+    return nnx.value_and_grad(loss_fn)(m)
+
+  loss, grads = loss_and_grads(m, tokens)
+  return float(loss), nnx.to_pure_dict(grads)
+
+
+@pytest.fixture(scope='module')
+def no_remat():
+  return _loss_and_grads('none')
+
+
+@pytest.mark.parametrize('remat', ['full', 'dots'])
+def test_remat_policy_gives_same_loss_and_grads(no_remat, remat):
+  loss0, grads0 = no_remat
+  loss, grads = _loss_and_grads(remat)
+  np.testing.assert_allclose(loss, loss0, rtol=1e-6)
+  flat0 = jax.tree_util.tree_leaves_with_path(grads0)
+  flat = jax.tree_util.tree_leaves_with_path(grads)
+  assert [p for p, _ in flat0] == [p for p, _ in flat]
+  for (path, g0), (_, g) in zip(flat0, flat):
+    assert np.abs(np.asarray(g0)).max() > 0, path
+    np.testing.assert_allclose(g, g0, rtol=1e-5, atol=1e-7, err_msg=str(path))
+
+
+def test_unknown_remat_policy_is_rejected():
+  cfg = ref.tiny_model_config('baseline', remat='everything')
+  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='remat'):
+    m(jax.random.randint(jax.random.key(0), (1, 4), 0, cfg.vocab_size))

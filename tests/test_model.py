@@ -1,0 +1,293 @@
+"""model.py: the whole decoder for every variant against the numpy float64 reference, causality,
+inspect statistics, and parameter counts against closed-form formulas from the paper's shapes."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gated_attention import model
+from tests import reference as ref
+
+B, T = 2, 8
+TOL = dict(rtol=1e-4, atol=1e-4)
+DENSE_VARIANTS = [n for n in ref.variant_names() if n != 'baseline_more_experts']
+# Model-level cases that no config file covers: (variant, overrides of the tiny model config).
+EXTRA_CASES = {
+    'untied': ('baseline', dict(tie_embeddings=False)),
+    'g1_untied_sandwich': ('g1_elementwise', dict(tie_embeddings=False, sandwich_norm=True)),
+    'g4_no_qk_norm_yarn': ('g4_elementwise', dict(qk_norm=False, rope_scaling=dict(
+        type='yarn', factor=4.0, original_max_len=4096))),
+}
+CASES = {**{n: (n, {}) for n in DENSE_VARIANTS}, **EXTRA_CASES}
+
+
+def _perturb(module, seed, scale=0.1):
+  state = nnx.state(module, nnx.Param)
+  leaves, treedef = jax.tree_util.tree_flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  leaves = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+  nnx.update(module, jax.tree_util.tree_unflatten(treedef, leaves))
+
+
+def _case_config(case):
+  variant, over = CASES[case]
+  over = dict(over)
+  scaling = over.pop('rope_scaling', None)
+  cfg = ref.tiny_model_config(variant, **over)
+  if scaling:
+    cfg.rope_scaling.update(scaling)
+  return cfg
+
+
+class Built:
+  """A perturbed tiny model, its compiled forward, and its parameters as float64 numpy."""
+
+  def __init__(self, case, seed=0):
+    self.cfg = _case_config(case)
+    self.model = model.Transformer(self.cfg, rngs=nnx.Rngs(seed))
+    _perturb(self.model, seed + 1)
+    graphdef, self.state = nnx.split(self.model)
+    self._fwd = jax.jit(lambda state, toks: nnx.merge(graphdef, state)(toks)[0])
+    self._fwd_inspect = jax.jit(lambda state, toks: nnx.merge(graphdef, state)(toks, inspect=True))
+    self.params = ref.to_float64(nnx.to_pure_dict(nnx.state(self.model)))
+    self.tokens = jax.random.randint(jax.random.key(seed + 2), (B, T), 0, self.cfg.vocab_size)
+
+  def __call__(self, tokens):
+    return self._fwd(self.state, tokens)
+
+  def inspect(self, tokens):
+    return self._fwd_inspect(self.state, tokens)
+
+  def reference(self, tokens):
+    return ref.forward(self.params, np.asarray(tokens), self.cfg.to_dict())
+
+
+@pytest.fixture(scope='module')
+def built():
+  cache = {}
+
+  def get(case):
+    if case not in cache:
+      cache[case] = Built(case)
+    return cache[case]
+
+  return get
+
+
+# --------------------------------------------------------------------------------------------
+# Forward against the reference
+# --------------------------------------------------------------------------------------------
+
+def test_param_tree_is_what_the_reference_reads(built):
+  m = built('g1_elementwise')
+  L, D, H, K, d = 2, 32, 4, 2, 8
+  shapes = jax.tree_util.tree_map(np.shape, m.params)
+  assert shapes['blocks']['attn']['wq'] == (L, D, H, d)
+  assert shapes['blocks']['attn']['wk'] == (L, D, K, d)
+  assert shapes['blocks']['attn']['wo'] == (L, H, d, D)
+  assert shapes['blocks']['attn']['gate']['kernel'] == (L, D, H, d)
+  assert shapes['embed']['embedding'] == (61, D)
+  # every parameter is away from its init value (zeros and ones are perturbed)
+  for leaf in jax.tree_util.tree_leaves(m.params):
+    assert np.all(leaf != 0.0) and np.all(leaf != 1.0)
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_forward_matches_reference(built, case):
+  m = built(case)
+  logits = m(m.tokens)
+  assert logits.shape == (B, T, m.cfg.vocab_size) and logits.dtype == jnp.float32
+  want, _ = m.reference(m.tokens)
+  assert np.abs(want).max() > 0.3                             # not a degenerate comparison
+  np.testing.assert_allclose(logits, want, **TOL)
+
+
+def test_gates_change_the_model(built):
+  """Sanity: the gated logits differ from what the same weights give without the gate."""
+  m = built('g1_elementwise')
+  cfg = m.cfg.to_dict()
+  cfg['gate'] = dict(position='none')
+  ungated, _ = ref.forward(m.params, np.asarray(m.tokens), cfg)
+  assert not np.allclose(m(m.tokens), ungated, atol=1e-2)
+
+
+def test_bfloat16_compute_is_close_to_float32_reference(built):
+  """The paper's scales compute in bfloat16 (parameters stay float32, logits come out float32)."""
+  m = built('g1_headwise')
+  cfg = _case_config('g1_headwise')
+  cfg.dtype = 'bfloat16'
+  m16 = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  nnx.update(m16, nnx.state(m.model, nnx.Param))
+  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(nnx.state(m16, nnx.Param)))
+  graphdef, state = nnx.split(m16)
+  logits = jax.jit(lambda st, t: nnx.merge(graphdef, st)(t)[0])(state, m.tokens)
+  assert logits.dtype == jnp.float32
+  want, _ = m.reference(m.tokens)
+  np.testing.assert_allclose(logits, want, rtol=0.1, atol=0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# Causality
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_changing_a_token_never_changes_earlier_logits(built, case):
+  m = built(case)
+  base = np.asarray(m(m.tokens))
+  V = m.cfg.vocab_size
+  for t in (1, 4, T - 1):
+    tokens = m.tokens.at[:, t].set((m.tokens[:, t] + 1 + jnp.arange(B)) % V)
+    changed = np.asarray(m(tokens))
+    np.testing.assert_allclose(changed[:, :t], base[:, :t], rtol=0, atol=1e-6)
+    assert np.abs(changed[:, t] - base[:, t]).max() > 1e-4     # the changed position did change
+
+
+# --------------------------------------------------------------------------------------------
+# Inspect statistics at the model level
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('case', ['baseline', 'g1_elementwise', 'g2_headshared',
+                                  'g1_input_independent'])
+def test_inspect_forward(built, case):
+  m = built(case)
+  logits, aux = m.inspect(m.tokens)
+  want, layers = m.reference(m.tokens)
+  np.testing.assert_allclose(logits, want, **TOL)              # the explicit attention path
+  np.testing.assert_allclose(logits, m(m.tokens), rtol=1e-5, atol=1e-5)
+  L, H = m.cfg.num_layers, m.cfg.num_heads
+  f_attn = np.stack([ref.f_attn_per_head(x['probs']) for x in layers])
+  assert aux['f_attn_H'].shape == (L, H)
+  np.testing.assert_allclose(aux['f_attn_H'], f_attn, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(aux['attn_map'], np.stack([x['probs'][0].mean(0) for x in layers]),
+                             rtol=1e-4, atol=1e-5)
+  for site in ('attn_out', 'attn_residual', 'ffn_out', 'ffn_residual'):
+    got = aux['m_act'][site]
+    maxes = np.stack([np.abs(x[site]).max() for x in layers])
+    np.testing.assert_allclose(got['max'], maxes, rtol=1e-4)
+    assert got['where'].shape == (L, 3)
+    for i, x in enumerate(layers):                            # 'where' points at the max
+      b, t, c = np.asarray(got['where'][i])
+      np.testing.assert_allclose(abs(x[site][b, t, c]), maxes[i], rtol=1e-4)
+  if 'gate_scores' in layers[0]:
+    np.testing.assert_allclose(aux['gate']['mean'],
+                               [x['gate_scores'].mean() for x in layers], rtol=1e-4)
+    assert aux['gate']['hist'].shape == (L, 20)
+  else:
+    assert 'gate' not in aux
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter counts
+# --------------------------------------------------------------------------------------------
+
+# The paper's shapes (V, L, D, H, K, d, F) and the repo's tiny scale.
+SCALE_SHAPES = {
+    'tiny': dict(V=384, L=4, D=128, H=4, K=2, d=32, F=384),
+    'dense_1p7b_28l': dict(V=151_936, L=28, D=2048, H=16, K=8, d=128, F=6144),
+    'dense_1p7b_48l': dict(V=151_936, L=48, D=1536, H=16, K=8, d=128, F=4608),
+}
+MOE_SCALE_SHAPES = {
+    'moe_tiny': dict(V=384, L=4, D=128, H=4, K=2, d=32, E=8, top_k=2, Fe=96),
+    'moe_15a2b': dict(V=151_936, L=24, D=2048, H=32, K=4, d=128, E=128, top_k=8, Fe=768),
+}
+# Gate parameters per layer, from the paper's definitions.
+GATE_PARAMS = {
+    'g1_elementwise': lambda D, H, K, d: D * H * d,
+    'g1_elementwise_silu': lambda D, H, K, d: D * H * d,
+    'g1_additive_silu': lambda D, H, K, d: D * H * d,
+    'g1_additive_identity': lambda D, H, K, d: D * H * d,
+    'g1_ns_sigmoid': lambda D, H, K, d: D * H * d,
+    'g1_headshared': lambda D, H, K, d: D * H * d,
+    'g1_headwise': lambda D, H, K, d: D * H,
+    'g1_input_independent': lambda D, H, K, d: H * d,
+    'g1_rmsnorm': lambda D, H, K, d: H * d,
+    'g1_silu_noparam': lambda D, H, K, d: 0,
+    'g2_elementwise': lambda D, H, K, d: D * K * d,
+    'g2_headshared': lambda D, H, K, d: D * K * d,
+    'g2_headwise': lambda D, H, K, d: D * K,
+    'g3_elementwise': lambda D, H, K, d: D * K * d,
+    'g4_elementwise': lambda D, H, K, d: D * H * d,
+    'g5_elementwise': lambda D, H, K, d: D * D,
+}
+
+
+def variant_shapes(variant, s):
+  s = dict(s)
+  if variant == 'baseline_more_kv_heads':
+    s['K'] *= 2
+  if variant == 'baseline_more_q_heads':
+    s['H'] = s['H'] * 3 // 2
+  return s
+
+
+def expected_dense_total(variant, s):
+  V, L, D, H, K, d, F = (s[k] for k in 'V L D H K d F'.split())
+  tied = True
+  per_layer = (D * H * d + 2 * D * K * d + H * d * D      # W_Q, W_K, W_V, W_O
+               + 2 * d                                     # QK-norm scales
+               + 2 * D                                     # the two pre-norms
+               + 3 * D * F)                                # SwiGLU
+  if variant == 'baseline_sandwich_norm':
+    per_layer += 2 * D
+  per_layer += GATE_PARAMS.get(variant, lambda *a: 0)(D, H, K, d)
+  return V * D + (0 if tied else D * V) + L * per_layer + D
+
+
+def test_gate_formula_table_covers_every_gated_variant():
+  assert sorted(GATE_PARAMS) == ref.gated_variant_names()
+
+
+@pytest.mark.parametrize('scale', list(SCALE_SHAPES))
+@pytest.mark.parametrize('variant', DENSE_VARIANTS)
+def test_dense_param_count(variant, scale):
+  cfg = ref.load_config(variant, scale).model
+  s = variant_shapes(variant, SCALE_SHAPES[scale])
+  report = model.param_report(cfg)
+  want = expected_dense_total(variant, s)
+  print(f'{variant:24s} {scale:16s} total={report["total"]:,} formula={want:,}')
+  assert report['total'] == want
+  assert report['active'] == report['total']
+  assert report['embedding'] == s['V'] * s['D']
+  assert report['non_embedding'] == want - s['V'] * s['D']
+  assert sum(report['by_module'].values()) == report['total']
+
+
+def test_1p7b_28l_baseline_is_1p7b():
+  totals = {scale: model.param_report(ref.load_config('baseline', scale).model)['total']
+            for scale in ('dense_1p7b_28l', 'dense_1p7b_48l')}
+  print({k: f'{v / 1e9:.4f}B' for k, v in totals.items()})
+  assert 1.6e9 <= totals['dense_1p7b_28l'] <= 1.8e9
+  assert 1.6e9 <= totals['dense_1p7b_48l'] <= 1.9e9
+  gated = model.param_report(ref.load_config('g1_elementwise', 'dense_1p7b_28l').model)['total']
+  print(f'g1_elementwise dense_1p7b_28l: {gated / 1e9:.4f}B '
+        f'(+{(gated - totals["dense_1p7b_28l"]) / 1e6:.1f}M = 28 * 2048 * 16 * 128)')
+  assert gated - totals['dense_1p7b_28l'] == 28 * 2048 * 16 * 128
+
+
+MOE_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      'gated_attention', 'moe.py')
+
+
+@pytest.mark.skipif(not os.path.exists(MOE_PY), reason='gated_attention/moe.py not written yet')
+@pytest.mark.parametrize('scale', list(MOE_SCALE_SHAPES))
+@pytest.mark.parametrize('variant', ['baseline', 'baseline_more_experts', 'baseline_more_kv_heads',
+                                     'g1_elementwise', 'g1_headwise', 'g2_elementwise'])
+def test_moe_param_count(variant, scale):
+  cfg = ref.load_config(variant, scale).model
+  s = variant_shapes(variant, MOE_SCALE_SHAPES[scale])
+  V, L, D, H, K, d, E, k, Fe = (s[x] for x in 'V L D H K d E top_k Fe'.split())
+  if variant == 'baseline_more_experts':
+    E, k = E + 4, k + 4
+  experts = 3 * E * D * Fe
+  per_layer = (D * H * d + 2 * D * K * d + H * d * D + 2 * d + 2 * D
+               + D * E + experts                            # router + routed experts
+               + GATE_PARAMS.get(variant, lambda *a: 0)(D, H, K, d))
+  want = 2 * V * D + L * per_layer + D                      # untied embeddings
+  report = model.param_report(cfg)
+  print(f'{variant:24s} {scale:10s} total={report["total"]:,} active={report["active"]:,}')
+  assert report['total'] == want
+  assert report['active'] == want - L * experts * (E - k) // E
