@@ -138,10 +138,22 @@ def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
       dcn_data=1,               # slices/hosts split over the data axis (multi-slice)
       rules='data_parallel',    # data_parallel | fsdp | fsdp_tensor | fsdp_expert
   ))
+  c.analysis = ml_collections.ConfigDict(dict(  # --mode=analyze (gated_attention/analysis)
+      num_batches=0,            # held-out batches (0: data.val_batches)
+      batch_size=0,             # sequences per batch (0: train.batch_size)
+      attn_map_layers='',       # comma-separated layers for attention_maps.png ('': first, middle, last)
+      step=-1,                  # checkpoint step (-1: the latest)
+  ))
   c.distributed = ml_collections.ConfigDict(dict(
       coordinator_address='',   # empty: from the environment (or single process)
       num_processes=0,
       process_id=-1,
+      local_device_ids='',      # comma-separated local device ids of this process ('' = all)
+      initialization_timeout=300,  # seconds to wait for every process to join
+  ))
+  c.memory = ml_collections.ConfigDict(dict(
+      num_devices=0,            # --mode=memory: devices to plan the mesh for (0: those present)
+      device_memory_gib=0.0,    # --mode=memory: per-device memory to fit (0: the device's own)
   ))
   if scale in ('dense_1p7b_28l', 'dense_1p7b_48l', 'moe_15a2b'):
     c.data.seq_len = 4096

@@ -52,8 +52,15 @@ class Attention(nnx.Module):
     self.k_norm = RMSNorm(d, eps=cfg.norm_eps, axis_name='head_dim') if cfg.qk_norm else None
     self.rope = RoPE(d, cfg.rope_base, cfg.rope_scaling.to_dict()
                      if hasattr(cfg.rope_scaling, 'to_dict') else cfg.rope_scaling)
-    self.gate = gating.Gate(gating.GateSpec.from_config(cfg.gate), hidden_size=D, num_heads=H,
-                            num_kv_heads=K, head_dim=d, init_std=std, rngs=rngs)
+    spec = gating.GateSpec.from_config(cfg.gate)
+    if (cfg.qk_norm and spec.hook in ('q', 'k') and spec.granularity == 'headwise'
+        and spec.mode == 'multiplicative'):
+      raise ValueError('config.model.gate.granularity: a headwise multiplicative gate on the raw '
+                       'query/key '
+                       'projection is cancelled by the per-head QK-norm that follows it; set '
+                       'config.model.gate.after_qk_norm_rope=True or config.model.qk_norm=False.')
+    self.gate = gating.Gate(spec, hidden_size=D, num_heads=H, num_kv_heads=K, head_dim=d,
+                            init_std=std, rngs=rngs, norm_eps=cfg.norm_eps)
     self.dtype = jnp.dtype(cfg.dtype)
     self.impl = None if cfg.attention_impl == 'auto' else cfg.attention_impl
     self.attn_map_len = 128

@@ -16,7 +16,7 @@ Hooks (where attention calls the gate) and the tensors they see:
 
 Choices where the paper is silent (each is a config switch):
   * head-shared gates average post-activation scores over heads (`shared_reduce='score'`), or
-    logits (`'logit'`);
+    logits (`'logit'`); G2 head-shared (values) averages over the KV heads, the heads G2 has;
   * G3/G4 gate the projection output directly (`after_qk_norm_rope=False`), or after QK-norm
     and RoPE;
   * G5 gates the model dimension, which has no heads: headwise or head-shared G5 is rejected.
@@ -56,6 +56,11 @@ class GateSpec:
 
   @classmethod
   def from_config(cls, gate_cfg) -> 'GateSpec':
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(dict(gate_cfg)) - fields)
+    if unknown:
+      raise ValueError(f'config.model.gate has unknown field(s) {unknown}; known: '
+                       f'{", ".join(sorted(fields))}.')
     spec = cls(**dict(gate_cfg))
     spec.validate()
     return spec
@@ -112,8 +117,9 @@ class Gate(nnx.Module):
   """One gate (or G1 non-linearity ablation) at the hook its spec names."""
 
   def __init__(self, spec: GateSpec, *, hidden_size: int, num_heads: int, num_kv_heads: int,
-               head_dim: int, init_std: float, rngs: nnx.Rngs):
+               head_dim: int, init_std: float, rngs: nnx.Rngs, norm_eps: float = 1e-6):
     self.spec = spec
+    self.norm_eps = norm_eps
     if spec.position == 'none' or spec.kind == 'silu_noparam':
       return
     head_axis = _SITES[spec.position][1]
@@ -160,7 +166,7 @@ class Gate(nnx.Module):
       return jax.nn.silu(y32).astype(y.dtype)
     if spec.kind == 'rmsnorm':
       ms = jnp.mean(jnp.square(y32), axis=-1, keepdims=True)
-      return (y32 * jax.lax.rsqrt(ms + 1e-6) * self.scale[...]).astype(y.dtype)
+      return (y32 * jax.lax.rsqrt(ms + self.norm_eps) * self.scale[...]).astype(y.dtype)
     s = self.scores(x_BxTxD)
     if stats is not None:
       stats['gate'] = summarize_scores(s, spec.activation)

@@ -32,7 +32,8 @@ def inverse_frequencies(head_dim: int, base: float, scaling=None) -> tuple[np.nd
 
   low = max(math.floor(dim_for_rotations(beta_fast)), 0)
   high = min(math.ceil(dim_for_rotations(beta_slow)), head_dim - 1)
-  ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - low) / max(high - low, 1e-3), 0, 1)
+  span = high - low if high != low else 1e-3  # as the reference implementation
+  ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - low) / span, 0, 1)
   extrapolate = 1.0 - ramp  # 1: keep the original frequency; 0: interpolate (divide by factor)
   inv_freq = inv_freq / factor * (1 - extrapolate) + inv_freq * extrapolate
   mscale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
