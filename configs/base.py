@@ -54,6 +54,7 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
       num_kv_heads=2,
       head_dim=32,
       ffn_size=384,
+      ffn_match_baseline=False,  # dense: narrow the FFN so a gated model keeps the baseline's size
       tie_embeddings=True,
       qk_norm=True,
       sandwich_norm=False,

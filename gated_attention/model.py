@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import sharding
+from gated_attention import gating, sharding
 from gated_attention.attention import Attention
 from gated_attention.layers import MLP, Embed, RMSNorm, param
 
@@ -28,6 +28,20 @@ def _where_max_abs(h_BxTxD: jax.Array) -> dict:
   return {'max': a.reshape(-1)[flat], 'where': jnp.stack(jnp.unravel_index(flat, a.shape))}
 
 
+def dense_ffn_size(cfg) -> int:
+  """The SwiGLU width. With `ffn_match_baseline`, the FFN pays for the gate's parameters, so a
+  gated dense model has the baseline's parameter count to within 1.5 * D per layer (the paper
+  shrinks the FFN of its gated dense models; by how much it does not say)."""
+  if not cfg.ffn_match_baseline:
+    return cfg.ffn_size
+  gate = nnx.eval_shape(lambda: gating.Gate(
+      gating.GateSpec.from_config(cfg.gate), hidden_size=cfg.hidden_size,
+      num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+      init_std=cfg.init_std, rngs=nnx.Rngs(0)))
+  gate_params = sum(x.size for x in jax.tree.leaves(nnx.state(gate)))
+  return cfg.ffn_size - round(gate_params / (3 * cfg.hidden_size))
+
+
 class Block(nnx.Module):
   """h = h + [Norm](Attn(Norm(h))); h = h + [Norm](FFN(Norm(h))), [Norm] with sandwich norm."""
 
@@ -40,7 +54,8 @@ class Block(nnx.Module):
       from gated_attention.moe import MoE  # pylint: disable=g-import-not-at-top
       self.ffn = MoE(cfg, rngs=rngs)
     else:
-      self.ffn = MLP(D, cfg.ffn_size, std=cfg.init_std, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
+      self.ffn = MLP(D, dense_ffn_size(cfg), std=cfg.init_std, dtype=jnp.dtype(cfg.dtype),
+                     rngs=rngs)
     self.attn_post_norm = RMSNorm(D, eps=eps) if cfg.sandwich_norm else None
     self.ffn_post_norm = RMSNorm(D, eps=eps) if cfg.sandwich_norm else None
     self.is_moe = cfg.moe.num_experts > 0

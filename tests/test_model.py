@@ -291,3 +291,19 @@ def test_moe_param_count(variant, scale):
   print(f'{variant:24s} {scale:10s} total={report["total"]:,} active={report["active"]:,}')
   assert report['total'] == want
   assert report['active'] == want - L * experts * (E - k) // E
+
+
+@pytest.mark.parametrize('variant', ['g1_elementwise', 'g1_headwise', 'g5_elementwise'])
+def test_ffn_match_baseline_keeps_the_baseline_parameter_count(variant):
+  import importlib  # pylint: disable=g-import-not-at-top
+  model_lib = model
+  base_total = model_lib.param_report(
+      importlib.import_module('configs.baseline').get_config('dense_1p7b_28l').model)['total']
+  c = importlib.import_module(f'configs.{variant}').get_config('dense_1p7b_28l')
+  unmatched = model_lib.param_report(c.model)['total']
+  c.model.ffn_match_baseline = True
+  matched = model_lib.param_report(c.model)['total']
+  D, L = c.model.hidden_size, c.model.num_layers
+  assert unmatched > base_total
+  assert abs(matched - base_total) <= 1.5 * D * L, (matched, base_total)
+  assert model_lib.dense_ffn_size(c.model) < c.model.ffn_size
