@@ -166,3 +166,19 @@ def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
   if scale == 'moe_tiny':
     c.mesh.update(rules='data_parallel')
   return c
+
+
+def _overlay(defaults: dict, saved: dict) -> dict:
+  out = dict(defaults)
+  for k, v in saved.items():
+    out[k] = _overlay(defaults[k], v) if isinstance(v, dict) and isinstance(
+        defaults.get(k), dict) else v
+  return out
+
+
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """A run's saved config (config.json), with fields added to this file since then set to their
+  defaults, so runs written by an older version of the code still open."""
+  scale = saved.get('scale', 'tiny')
+  defaults = get_config(scale if scale in SCALES else 'tiny').to_dict()
+  return ml_collections.ConfigDict(_overlay(defaults, saved))

@@ -12,6 +12,8 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
+from configs import base as base_config
+
 # Config fields that may change between a run and its resumption (they do not change what the
 # checkpoint holds); any other difference in config.model or these data fields is refused.
 _MODEL_FREE = ('remat', 'attention_impl', 'dtype')
@@ -70,7 +72,7 @@ class Checkpointer:
       except (OSError, ValueError) as e:
         raise IncompatibleCheckpointError(
             f'{self.config_path} is unreadable ({e}); use a new --workdir.') from e
-      diffs = config_differences(saved, config_dict)
+      diffs = config_differences(base_config.from_saved(saved).to_dict(), config_dict)
       if diffs:
         raise IncompatibleCheckpointError(
             f'--workdir={self.workdir} holds a run with an incompatible config:\n  '

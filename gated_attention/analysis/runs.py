@@ -16,6 +16,8 @@ import os
 import ml_collections
 import numpy as np
 
+from configs import base as base_config
+
 # JAX, flax and orbax are imported where they are used, so that reading configs and metrics
 # (compare) stays fast.
 
@@ -40,9 +42,10 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
                    f'--workdir={workdir}')
   try:
     with open(path) as f:
-      return ml_collections.ConfigDict(json.load(f))
+      saved = json.load(f)
   except (OSError, ValueError) as e:
     raise RunError(f'{path} is unreadable ({e}).') from e
+  return base_config.from_saved(saved)
 
 
 def read_metrics(workdir: str) -> list[dict]:
