@@ -193,3 +193,22 @@ def test_params_mode_prints_json():
   assert set(report) >= {'total', 'active', 'embedding', 'by_module'}
   assert 14e9 < report['total'] < 17e9 and 1.5e9 < report['active'] < 3e9
   assert report['embedding'] == base.QWEN_VOCAB * 2048
+
+
+def test_run_saved_by_older_code_still_resumes(tmp_path):
+  """A config.json without fields added since (they take their defaults) is compatible."""
+  workdir = str(tmp_path / 'old')
+  cfg = tiny_config()
+  ckpt_lib.Checkpointer(workdir, cfg, keep=1, every=1).close()
+  path = os.path.join(workdir, 'config.json')
+  with open(path) as f:
+    saved = json.load(f)
+  del saved['model']['ffn_match_baseline'], saved['analysis']
+  with open(path, 'w') as f:
+    json.dump(saved, f)
+  ckpt_lib.Checkpointer(workdir, cfg, keep=1, every=1).close()
+  saved['model']['ffn_match_baseline'] = True
+  with open(path, 'w') as f:
+    json.dump(saved, f)
+  with pytest.raises(ckpt_lib.IncompatibleCheckpointError, match='ffn_match_baseline'):
+    ckpt_lib.Checkpointer(workdir, cfg, keep=1, every=1)
