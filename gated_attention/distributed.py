@@ -1,23 +1,95 @@
-"""Multi-host start-up: jax.distributed from the config or the usual environment variables."""
+"""Multi-host start-up: jax.distributed from the config or the usual environment variables.
 
+One process per host (TPU VM, GPU node) or per GPU; every process runs the same command. What
+happens in a multi-process run, and where:
+  - start-up: `initialize` (here), before anything touches a JAX device;
+  - the mesh spans every process's devices (sharding.build_mesh; config.mesh.dcn_data puts the
+    data axis across slices / hosts);
+  - data: each process reads its own shard (input_pipeline.build_data with process_index /
+    process_count) and `train.Setup.global_batch` assembles the global array from the
+    process-local rows;
+  - logs: only process 0 writes metrics and prints (loop.MetricsWriter, loop.Progress);
+  - checkpoints: orbax writes every process's shards of the arrays, process 0 the metadata, with
+    barriers between them; each process saves its own data-iterator state.
+
+Sources, first match wins:
+  1. config.distributed.coordinator_address (+ num_processes and process_id);
+  2. JAX_COORDINATOR_ADDRESS with JAX_NUM_PROCESSES and JAX_PROCESS_ID;
+  3. a cluster launcher JAX detects by itself: SLURM (srun with more than one task), Open MPI
+     (mpirun -n >1), Cloud TPU multi-host and multi-slice (TPU_WORKER_HOSTNAMES / MEGASCALE_*).
+Otherwise a single process: nothing to do.
+"""
+
+import logging
 import os
 
 import jax
 
-# Environment variables that mean a multi-process launch (SLURM, Open MPI, Cloud TPU, or JAX's
-# own coordinator variable); jax.distributed.initialize() detects the cluster from them.
-_CLUSTER_ENV = ('JAX_COORDINATOR_ADDRESS', 'SLURM_JOB_ID', 'OMPI_COMM_WORLD_SIZE',
-                'TPU_WORKER_HOSTNAMES', 'MEGASCALE_COORDINATOR_ADDRESS')
+_TPU_ENV = ('TPU_WORKER_HOSTNAMES', 'MEGASCALE_COORDINATOR_ADDRESS')
 
 
-def initialize(dist_cfg) -> None:
-  """Calls jax.distributed.initialize when configured or launched on a cluster; else no-op."""
+def _int_env(name: str) -> int | None:
+  value = os.environ.get(name, '')
+  return int(value) if value.strip().lstrip('-').isdigit() else None
+
+
+def launcher() -> str | None:
+  """The multi-process launcher the environment shows, or None for a single process."""
+  if os.environ.get('JAX_COORDINATOR_ADDRESS'):
+    return 'env'
+  if (_int_env('SLURM_STEP_NUM_TASKS') or _int_env('SLURM_NTASKS') or 1) > 1 and \
+      os.environ.get('SLURM_STEP_ID') is not None:
+    return 'slurm'
+  if (_int_env('OMPI_COMM_WORLD_SIZE') or 1) > 1:
+    return 'mpi'
+  if os.environ.get('MEGASCALE_COORDINATOR_ADDRESS') or ',' in os.environ.get(
+      'TPU_WORKER_HOSTNAMES', ''):
+    return 'tpu'
+  return None
+
+
+def _use_gloo_for_cpu():
+  """Cross-process collectives on CPU devices need an implementation (gloo); it is harmless on
+  accelerators, which bring their own."""
+  try:
+    if jax.config.jax_cpu_collectives_implementation in (None, '', 'none'):
+      jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  except AttributeError:  # an older or newer jax without the option
+    pass
+
+
+def initialize(dist_cfg) -> bool:
+  """Calls jax.distributed.initialize when configured or launched on a cluster.
+
+  Returns True when this is a multi-process run (after initializing), False otherwise.
+  """
+  if jax.distributed.is_initialized():
+    return True
+  kwargs = {}
   if dist_cfg.coordinator_address:
     if dist_cfg.num_processes <= 0 or dist_cfg.process_id < 0:
       raise ValueError('config.distributed.coordinator_address is set: also set '
                        'config.distributed.num_processes and config.distributed.process_id.')
-    jax.distributed.initialize(coordinator_address=dist_cfg.coordinator_address,
-                               num_processes=dist_cfg.num_processes,
-                               process_id=dist_cfg.process_id)
-  elif any(os.environ.get(v) for v in _CLUSTER_ENV):
-    jax.distributed.initialize()
+    kwargs.update(coordinator_address=dist_cfg.coordinator_address,
+                  num_processes=int(dist_cfg.num_processes), process_id=int(dist_cfg.process_id))
+  else:
+    source = launcher()
+    if source is None:
+      return False
+    if source == 'env':
+      n, i = _int_env('JAX_NUM_PROCESSES'), _int_env('JAX_PROCESS_ID')
+      if n is not None and i is not None:
+        kwargs.update(coordinator_address=os.environ['JAX_COORDINATOR_ADDRESS'],
+                      num_processes=n, process_id=i)
+  ids = str(dist_cfg.get('local_device_ids', '') or '').strip()
+  if ids:
+    kwargs['local_device_ids'] = [int(x) for x in ids.split(',')]
+  timeout = int(dist_cfg.get('initialization_timeout', 0) or 0)
+  if timeout > 0:
+    kwargs['initialization_timeout'] = timeout
+  _use_gloo_for_cpu()
+  jax.distributed.initialize(**kwargs)
+  logging.info('jax.distributed: process %d of %d, %d local / %d global devices.',
+               jax.process_index(), jax.process_count(), jax.local_device_count(),
+               jax.device_count())
+  return jax.process_count() > 1

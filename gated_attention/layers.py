@@ -51,7 +51,10 @@ class Embed(nnx.Module):
     self.dtype = dtype
 
   def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
-    return jnp.take(self.embedding[...], tokens_BxT, axis=0).astype(self.dtype)
+    # Gather from a table that is whole along 'embed' (FSDP all-gathers it here, as for any
+    # weight): a lookup into an embed-sharded table cannot be partitioned by batch.
+    table = sharding.constrain(self.embedding[...], ('vocab', None))
+    return jnp.take(table, tokens_BxT, axis=0).astype(self.dtype)
 
   def attend(self, x_BxTxD: jax.Array) -> jax.Array:
     return jnp.einsum('btd,vd->btv', x_BxTxD, self.embedding[...].astype(self.dtype))

@@ -48,6 +48,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from gated_attention import moe_parallel, sharding
+
 
 def _param(rngs, shape, std, axes):
   return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32),
@@ -109,6 +111,10 @@ class MoE(nnx.Module):
     self.has_shared = bool(S)
 
   def _dropless(self, x_NxD, weights_NxK, experts_NxK):
+    if moe_parallel.active():  # sharded: per-shard sort, expert parallelism (moe_parallel.py)
+      return moe_parallel.dropless(
+          x_NxD, weights_NxK, experts_NxK, self.wi_gate[...], self.wi_up[...], self.wo[...],
+          num_experts=self.num_experts, dtype=self.dtype), jnp.zeros((), jnp.float32)
     N, K = experts_NxK.shape
     E, dt = self.num_experts, self.dtype
     experts_M = experts_NxK.reshape(N * K)  # M = N*K assignments, token-major
@@ -146,7 +152,8 @@ class MoE(nnx.Module):
     N, E, K = B * T, self.num_experts, self.top_k
     x_NxD = x_BxTxD.reshape(N, D)
     logits_NxE = x_NxD.astype(jnp.float32) @ self.router[...]
-    probs_NxE, weights_NxK, experts_NxK = route(logits_NxE, K, self.renormalize)
+    probs_NxE, weights_NxK, experts_NxK = sharding.per_batch_shard(  # per token: split by batch
+        route, logits_NxE, K, self.renormalize)
 
     x_c = x_NxD.astype(self.dtype)
     routed = self._dropless if self.dispatch == 'dropless' else self._capacity

@@ -1,0 +1,273 @@
+"""Per-device memory of a training run, for a config and a mesh, without the devices.
+
+  python main.py --config=configs/baseline.py:moe_15a2b --mode=memory \
+      --config.memory.num_devices=64 --config.memory.device_memory_gib=95
+
+`report(config)` lays the config's mesh (config.mesh, one axis may be -1) over
+config.memory.num_devices devices (0: the devices present) as a `jax.sharding.AbstractMesh`,
+builds `train.Setup` on it (the very shardings training uses) and adds up, per device:
+
+  params           float32 parameters, sharded by the rules (exact: shapes x shardings)
+  opt_state        AdamW moments, sharded like the parameters (exact)
+  grads            float32 gradients, sharded like the parameters; with grad_accum > 1 a second
+                   buffer (the scanned accumulator) is counted too
+  activations      what the backward pass keeps: the residuals the forward pass saves (measured
+                   with jax's `saved_residuals` on `jax.eval_shape`-style tracing of the loss on
+                   one device's micro-batch, so it follows config.model.remat exactly), plus, with
+                   remat, one layer's full set of intermediates while that layer is recomputed
+  fsdp_transient   weights whole along the FSDP axes while one layer runs (forward and
+                   backward, in the compute dtype) and that layer's float32 gradient before it is
+                   reduce-scattered; 0 when nothing is FSDP-sharded
+
+Activations are reported for the configured remat policy and for 'none' and 'full'. Per-device
+activations use the per-device micro-batch (batch_size / grad_accum / data-parallel shards);
+tensor-parallel splitting of activations (heads, mlp, vocab under 'fsdp_tensor') is credited
+where a residual has such a dimension, and expert parallelism's token all-gather (moe_parallel)
+is charged to the MoE residuals. Not counted: XLA's temporaries beyond these, fragmentation, the
+compiled program, communication buffers; keep ~10-20% headroom. For a compiler-exact figure on
+a TPU topology use --mode=compile.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from gated_attention import sharding
+
+GIB = 2 ** 30
+
+
+def _bytes(x, shape=None) -> int:
+  return int(math.prod(x.shape if shape is None else shape)) * jnp.dtype(x.dtype).itemsize
+
+
+def _sharded_bytes(tree) -> int:
+  """Per-device bytes of a tree of ShapeDtypeStructs that carry NamedShardings."""
+  return sum(_bytes(x, x.sharding.shard_shape(x.shape)) for x in jax.tree.leaves(tree))
+
+
+def _entry(n: float) -> dict:
+  return {'bytes': int(n), 'gib': round(n / GIB, 3)}
+
+
+def _saved(config, num_layers: int, remat: str, batch: int) -> list:
+  """[(aval, what)] the loss's forward pass saves for the backward, on `batch` sequences
+  (the parameters and the batch themselves excluded)."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from jax._src import ad_checkpoint  # pylint: disable=g-import-not-at-top
+  from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention import train  # pylint: disable=g-import-not-at-top
+
+  cfg = config.copy_and_resolve_references()
+  with cfg.unlocked():
+    cfg.model.num_layers = num_layers
+    cfg.model.remat = remat
+  graphdef, state = nnx.split(model_lib.abstract_model(cfg.model))
+  params = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), nnx.to_pure_dict(state))
+  T = cfg.data.seq_len
+  tokens = jax.ShapeDtypeStruct((batch, T), jnp.int32)
+  mask = jax.ShapeDtypeStruct((batch, T), jnp.float32)
+
+  def loss(p, inputs, targets, loss_mask):
+    b = {'inputs': inputs, 'targets': targets, 'loss_mask': loss_mask}
+    return train.loss_fn(p, graphdef, b, cfg)[0]
+
+  saved = ad_checkpoint.saved_residuals(loss, params, tokens, tokens, mask)
+  return [(a, w.split(' from ')[0]) for a, w in saved if not w.startswith('from the argument')]
+
+
+def _residual_bytes(config, num_layers, remat, credit) -> tuple[float, float, list]:
+  """(bytes independent of the batch, bytes per sequence, largest rows at 2 sequences), per
+  device. Residuals whose shape changes with the batch are activations (credited for tensor and
+  expert parallelism); the others are weight copies (e.g. compute-dtype casts), counted sharded
+  like the parameters."""
+  one = _saved(config, num_layers, remat, 1)
+  two = _saved(config, num_layers, remat, 2)
+  if len(one) != len(two):
+    raise RuntimeError('memory: the traced programs for 1 and 2 sequences differ.')
+  fixed = per_seq = 0.0
+  rows = []
+  for (a1, _), (a2, what) in zip(one, two):
+    if tuple(a1.shape) == tuple(a2.shape):
+      n = credit(a2.shape, _bytes(a2), activation=False)
+      fixed += n
+    else:
+      n1, n = credit(a1.shape, _bytes(a1)), credit(a2.shape, _bytes(a2))
+      per_seq += n - n1
+      fixed += 2 * n1 - n
+    rows.append((n, tuple(a2.shape), str(a2.dtype), what))
+  rows.sort(key=lambda r: -r[0])
+  return fixed, per_seq, rows[:5]
+
+
+class _Activations:
+  """Saved residuals and the recompute peak as exact bilinear functions of the per-device
+  micro-batch and the layer count (traced at 1 and 2 of each: the layers are a scan)."""
+
+  def __init__(self, config, remat: str, credit):
+    self.remat, L = remat, config.model.num_layers
+    f1, s1, _ = _residual_bytes(config, 1, remat, credit)
+    f2, s2, self.largest = _residual_bytes(config, 2, remat, credit)
+    self.fixed = f1 + (L - 1) * (f2 - f1)
+    self.per_seq = s1 + (L - 1) * (s2 - s1)
+    self.layer_fixed, self.layer_per_seq = f2 - f1, s2 - s1
+    self.re_fixed = self.re_per_seq = 0.0
+    if remat != 'none':  # the layer being differentiated holds all its intermediates
+      g1, t1, _ = _residual_bytes(config, 1, 'none', credit)
+      g2, t2, _ = _residual_bytes(config, 2, 'none', credit)
+      self.re_fixed, self.re_per_seq = g2 - g1, t2 - t1
+
+  def peak(self, batch: int) -> float:
+    return self.fixed + self.re_fixed + batch * (self.per_seq + self.re_per_seq)
+
+  def summary(self, batch: int) -> dict:
+    return {
+        'remat': self.remat,
+        'saved': _entry(self.fixed + batch * self.per_seq),
+        'saved_per_layer': _entry(self.layer_fixed + batch * self.layer_per_seq),
+        'recompute_one_layer': _entry(self.re_fixed + batch * self.re_per_seq),
+        'peak': _entry(self.peak(batch)),
+        'per_sequence': _entry(self.per_seq + self.re_per_seq),
+        'largest_residuals_2_layers_2_sequences': [
+            {'bytes': int(b), 'gib': round(b / GIB, 3), 'shape': list(sh), 'dtype': d, 'what': w}
+            for b, sh, d, w in self.largest],
+    }
+
+
+def _credit_fn(config, mesh_shape: dict, rules: dict):
+  """Per-device share of a residual traced on one device's micro-batch: tensor-parallel
+  dimensions divide an activation, expert parallelism's gathered tokens multiply MoE rows, and a
+  weight copy is split like the parameters ('embed' axes)."""
+  m = config.model
+  tensor_dims = []
+  for name, size in (('heads', m.num_heads), ('kv_heads', m.num_kv_heads), ('mlp', m.ffn_size),
+                     ('expert_mlp', m.moe.expert_ffn_size), ('vocab', m.vocab_size)):
+    n = math.prod(mesh_shape[a] for a in sharding.mesh_axes_of(name, rules))
+    if n > 1 and size and size % n == 0:
+      tensor_dims.append((size, n))
+  ep = math.prod(mesh_shape[a] for a in sharding.mesh_axes_of('expert', rules)
+                 if a in sharding.mesh_axes_of('batch', rules))
+  weight_split = math.prod(mesh_shape[a] for a in sharding.mesh_axes_of('embed', rules))
+  T, K = config.data.seq_len, max(m.moe.top_k, 1)
+
+  def credit(shape, nbytes, activation=True):
+    if not activation:
+      return nbytes / weight_split
+    for size, n in tensor_dims:
+      if size in shape[1:]:
+        nbytes /= n
+        break
+    if m.moe.num_experts and ep > 1 and any(d % (T * K) == 0 for d in shape[:2]):
+      nbytes *= ep   # [(layers,) token x expert assignments, ...]: gathered over the expert axis
+    return nbytes
+  return credit
+
+
+def _device_memory_bytes(config) -> tuple[float | None, str]:
+  gib = float(config.memory.get('device_memory_gib', 0) or 0)
+  if gib > 0:
+    return gib * GIB, 'config.memory.device_memory_gib'
+  try:
+    d = jax.devices()[0]
+    if d.platform != 'cpu':
+      limit = (d.memory_stats() or {}).get('bytes_limit')
+      if limit:
+        return float(limit), f'{d.device_kind} memory_stats bytes_limit'
+  except Exception:  # pylint: disable=broad-except
+    pass
+  return None, 'unknown: set --config.memory.device_memory_gib'
+
+
+def report(config) -> dict:
+  """Per-device bytes (and GiB) of parameters, optimizer state, gradients and activations."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention import train  # pylint: disable=g-import-not-at-top
+
+  num_devices = int(config.memory.get('num_devices', 0) or 0) or jax.device_count()
+  mesh = sharding.abstract_mesh(config.mesh, num_devices)
+  mesh_shape = dict(mesh.shape)
+  setup = train.Setup(config, mesh)
+  tc = config.train
+  batch_axes = sharding.mesh_axes_of('batch', setup.rules)
+  batch_shards = sharding.spec_size(setup.batch_sharding.spec, mesh_shape)
+  micro_batch = tc.batch_size // tc.grad_accum // batch_shards
+
+  params = _sharded_bytes(setup.abstract_params)
+  opt = _sharded_bytes(setup.abstract_opt)
+  grads = params * (2 if tc.grad_accum > 1 else 1)
+
+  # FSDP transient: one layer's weights made whole along their 'embed' (FSDP) dimension.
+  _, state = nnx.split(model_lib.abstract_model(config.model))
+  dt = jnp.dtype(config.model.dtype).itemsize
+  layer_whole, gathered = 0, False
+  for path, v in jax.tree_util.tree_leaves_with_path(
+      state, is_leaf=lambda v: isinstance(v, nnx.Variable)):
+    if getattr(path[0], 'key', None) != 'blocks':
+      continue
+    axes = sharding.param_logical_axes(v)
+    spec = sharding.logical_to_spec(axes, setup.rules, sharding.value_shape(v), mesh_shape)
+    kept = math.prod(sharding.spec_size(P(e), mesh_shape)
+                     for name, e in zip(axes, spec) if name != 'embed')
+    gathered |= any(sharding.spec_size(P(e), mesh_shape) > 1
+                    for name, e in zip(axes, spec) if name == 'embed')
+    layer_whole += math.prod(sharding.value_shape(v)[1:]) // kept   # one layer of the stack
+  fsdp_transient = layer_whole * (2 * dt + 4) if gathered else 0
+
+  credit = _credit_fn(config, mesh_shape, setup.rules)
+  remat = config.model.remat
+  configured = _Activations(config, remat, credit)
+  acts = {'configured': configured.summary(micro_batch)}
+  for other in ('none', 'full'):
+    if other != remat:
+      acts[other] = _Activations(config, other, credit).summary(micro_batch)
+
+  state_total = params + opt + grads + fsdp_transient
+  total = state_total + configured.peak(micro_batch)
+  device_bytes, source = _device_memory_bytes(config)
+  out = {
+      'config': f'{config.variant}:{config.scale}',
+      'devices': num_devices,
+      'mesh': mesh_shape,
+      'dcn_data': int(config.mesh.get('dcn_data', 1) or 1),
+      'rules': config.mesh.rules,
+      'batch': {'global_batch': tc.batch_size, 'seq_len': config.data.seq_len,
+                'grad_accum': tc.grad_accum, 'data_parallel_axes': list(batch_axes),
+                'data_parallel_shards': batch_shards, 'micro_batch_per_device': micro_batch},
+      'params_total': int(sum(x.size for x in jax.tree.leaves(setup.abstract_params))),
+      'per_device': {
+          'params': _entry(params),
+          'opt_state': _entry(opt),
+          'grads': _entry(grads),
+          'fsdp_transient': _entry(fsdp_transient),
+          'activations': acts['configured']['peak'],
+          'total': _entry(total),
+      },
+      'activations': acts,
+      'device_memory': None if device_bytes is None else _entry(device_bytes),
+      'device_memory_source': source,
+      'notes': [
+          'Activations are traced on this machine: attention scores [batch, heads, T, T] count '
+          'as XLA materialises them; cuDNN flash attention (GPU) keeps far less.',
+          'Not counted: other XLA temporaries, fragmentation, program and communication '
+          'buffers; keep 10-20% headroom. --mode=compile gives the TPU compiler\'s figure.'],
+  }
+  if device_bytes is not None:
+    out['fits'] = bool(total <= device_bytes)
+    out['headroom'] = _entry(device_bytes - total)
+    free = device_bytes - state_total - configured.fixed - configured.re_fixed
+    per_seq = configured.per_seq + configured.re_per_seq
+    fit_batch = int(free // per_seq) if per_seq > 0 and free > 0 else 0
+    out['max_micro_batch_per_device_that_fits'] = fit_batch
+    per_device_batch = tc.batch_size // batch_shards
+    if fit_batch >= 1:
+      accum = next((a for a in range(1, per_device_batch + 1)
+                    if per_device_batch % a == 0 and per_device_batch // a <= fit_batch), None)
+      out['suggested_grad_accum'] = accum
+    else:
+      out['suggested_grad_accum'] = None
+      out['note'] = ('The parameters, optimizer state and gradients alone leave no room for one '
+                     'sequence: use more devices or more FSDP sharding.')
+  return out

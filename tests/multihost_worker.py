@@ -1,0 +1,126 @@
+"""One process of the multi-host test (tests/test_multihost.py), or its single-process reference.
+
+  python tests/multihost_worker.py steps     OUT WORKDIR DEVICES [PORT NUM_PROCESSES PROCESS_ID]
+  python tests/multihost_worker.py loop      OUT WORKDIR DEVICES PORT NUM_PROCESSES PROCESS_ID
+  python tests/multihost_worker.py reference OUT WORKDIR DEVICES
+
+steps:     jax.distributed over localhost (gloo CPU collectives), train.Setup on the mesh of every
+           process's devices, this process's data shard (build_data with process_index/count),
+           a few train steps; writes this process's losses and what it saw of the mesh.
+loop:      the same through loop.run (metrics written by process 0 only, orbax checkpoints
+           coordinated across processes, evaluation), then a resumed run of one more step.
+reference: one process with all the devices; the global batch is the two processes' shards
+           concatenated (what make_array_from_process_local_data assembles); writes the losses.
+"""
+
+import json
+import os
+import sys
+
+MODE, OUT, WORKDIR, DEVICES = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+os.environ['XLA_FLAGS'] = (f'--xla_force_host_platform_device_count={DEVICES}'
+                           ' --xla_backend_optimization_level=0'
+                           ' --xla_llvm_disable_expensive_passes=true')
+os.environ['JAX_PLATFORMS'] = 'cpu'
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from configs import base  # noqa: E402
+
+PROCESSES = 2
+STEPS = 3
+
+
+def config(port=None, num_processes=0, process_id=-1, steps=STEPS):
+  c = base.get_config('moe_tiny')
+  c.variant = 'g1_elementwise'
+  c.model.gate.position = 'g1'
+  c.model.update(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                 vocab_size=384)
+  c.model.moe.update(num_experts=8, top_k=2, expert_ffn_size=32)
+  c.data.update(seq_len=16, val_batches=1, shuffle_buffer=16)
+  c.train.update(batch_size=8, steps=steps, warmup_steps=1, learning_rate=1e-2, log_every=1,
+                 eval_every=STEPS, checkpoint_every=STEPS)
+  # Data parallel across the two processes (the DCN split), FSDP and experts inside each.
+  c.mesh.update(data=2, dcn_data=2, fsdp=2, tensor=1, expert=2, rules='fsdp_expert')
+  if port:
+    c.distributed.update(coordinator_address=f'127.0.0.1:{port}', num_processes=num_processes,
+                         process_id=process_id, initialization_timeout=120)
+  return c
+
+
+def mesh_layout(mesh):
+  return np.vectorize(lambda d: d.process_index)(mesh.devices).tolist()
+
+
+def steps_mode(c, process_index, process_count, n_steps=STEPS, after_step=None):
+  import input_pipeline  # pylint: disable=g-import-not-at-top
+  from gated_attention import sharding, train  # pylint: disable=g-import-not-at-top
+  mesh = sharding.build_mesh(c.mesh)
+  setup = train.Setup(c, mesh)
+  params, opt = setup.init(c.seed)
+  shards = [input_pipeline.build_data(c.data, global_batch_size=c.train.batch_size, seed=c.seed,
+                                      process_index=p, process_count=PROCESSES)
+            for p in ([process_index] if process_count > 1 else range(PROCESSES))]
+  losses, extra = [], {}
+  with jax.set_mesh(mesh):
+    for step in range(1, n_steps + 1):
+      local = [next(d.train_iter) for d in shards]
+      local = {k: np.concatenate([b[k] for b in local]) for k in local[0]}
+      batch = setup.global_batch(local)
+      params, opt, metrics = setup.train_step(params, opt, batch)
+      losses.append(float(metrics['loss']))
+      if after_step is not None:
+        extra.update(after_step(step, setup, params))
+  wi = params['blocks']['ffn']['wi_gate']
+  return {'losses': losses, 'mesh_process_layout': mesh_layout(mesh),
+          'wi_gate_spec': str(wi.sharding.spec),
+          'wi_gate_local_shard': list(wi.addressable_shards[0].data.shape),
+          'wi_gate_processes': sorted({d.process_index for d in wi.sharding.device_set}),
+          'local_batch_rows': int(next(iter(local.values())).shape[0]), **extra}
+
+
+def reference_val(c):
+  """After step STEPS: the validation loss as loop.run computes it (one process sees the whole
+  global batch, so the val set is the one every process count sees)."""
+  import input_pipeline  # pylint: disable=g-import-not-at-top
+  from gated_attention import loop  # pylint: disable=g-import-not-at-top
+  data = input_pipeline.build_data(c.data, global_batch_size=c.train.batch_size, seed=c.seed)
+
+  def after_step(step, setup, params):
+    return {'val_loss': loop.evaluate(setup, params, data)['loss']} if step == STEPS else {}
+  return after_step
+
+
+def main():
+  from gated_attention import distributed  # pylint: disable=g-import-not-at-top
+  out = {}
+  if MODE == 'reference':
+    c = config()
+    out.update(steps_mode(c, 0, 1, STEPS + 1, reference_val(c)))
+  else:
+    port, n, i = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+    c = config(port, n, i)
+    assert distributed.initialize(c.distributed)
+    assert (jax.process_count(), jax.process_index()) == (n, i)
+    assert jax.device_count() == n * DEVICES and jax.local_device_count() == DEVICES
+    out['cpu_collectives'] = str(jax.config.jax_cpu_collectives_implementation)
+    if MODE == 'steps':
+      out.update(steps_mode(c, i, n))
+    else:
+      from gated_attention import loop  # pylint: disable=g-import-not-at-top
+      out['val'] = loop.run(c, WORKDIR)
+      out['val'] = {k: v for k, v in out['val'].items() if np.ndim(v) == 0}
+      # Resume from the coordinated checkpoint for one more step.
+      out['val_resumed'] = loop.run(config(port, n, i, steps=STEPS + 1), WORKDIR)['loss']
+    out['process_index'] = jax.process_index()
+  with open(OUT, 'w') as f:
+    json.dump(out, f)
+  if MODE != 'reference':
+    jax.distributed.shutdown()
+
+
+if __name__ == '__main__':
+  main()
