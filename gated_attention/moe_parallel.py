@@ -19,10 +19,16 @@ scattered back to the tokens' owners with one reduce-scatter over X (`psum_scatt
 parallelism over F (T non-empty) adds a psum over T. Nothing is dropped, every shape is static,
 and the result equals the single-device computation (up to float summation order).
 
-The token all-gather over X costs the same bytes as an all-to-all of the K assignments when
+The token all-gather over X moves as many bytes as an all-to-all of the K assignments when
 K ~ |X| (the paper: K=8), and unlike a capacity-bounded all-to-all it needs no capacity factor to
-stay dropless. Its buffer is |X| times the local assignments; `ragged_dot` kernels (TPU megablox,
-GPU) skip the rows past the groups, so compute is ~ the local share.
+stay dropless. The price is memory: the sorted assignment buffers ([rows, D] and [rows, F]) have
+|X| times the local rows (a static shape must hold the worst case, every gathered assignment
+going to this device's experts); `ragged_dot` leaves the rows past the groups at zero, and its
+grouped kernels (TPU megablox, GPU) skip them, so compute stays ~ the local share. --mode=memory
+charges these buffers; with large micro-batches the plain 'fsdp' preset (all experts gathered
+per layer, tokens local) can need less memory than 'fsdp_expert'.
+The capacity dispatch (moe.dispatch='capacity') is not routed here: it keeps its global k-major
+priority and is partitioned by GSPMD (correct, but it gathers the assignment ranking).
 """
 
 import jax

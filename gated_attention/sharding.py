@@ -28,6 +28,11 @@ split over batch only, and an expert kernel [expert, embed, expert_mlp] under 'f
 'expert' on the expert dimension and 'fsdp' on embed. A mesh axis that does not divide a
 dimension is dropped for that dimension (it stays replicated there), so small models run on any
 mesh.
+
+Where GSPMD alone would gather whole activations, the model steps in: the embedding lookup reads a
+table made whole along 'embed' (layers.Embed), MoE routing runs per data shard
+(`per_batch_shard`: GSPMD gathers `top_k`'s input whole) and the dropless MoE dispatch is a
+shard_map with per-shard sorting and expert parallelism over the 'expert' axes (moe_parallel.py).
 """
 
 import contextlib
