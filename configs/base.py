@@ -131,6 +131,7 @@ def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
       z_loss=0.0,               # logits z-loss coefficient
       log_every=20,
       eval_every=200,
+      inspect_batch_size=8,     # sequences for the F-Attn / M-Act / gate metrics at each eval
       checkpoint_every=200,
       keep_checkpoints=3,
   ))

@@ -97,17 +97,23 @@ class Progress:
 
 
 def evaluate(setup, params, data) -> dict:
-  """Validation loss and perplexity over the held-out batches, plus the analysis metrics of
-  the first one: mean gate score, per-layer F-Attn and M-Act."""
+  """Validation loss and perplexity over the held-out batches, plus the analysis metrics
+  (mean gate score, per-layer F-Attn and M-Act) of the first rows of the first batch.
+
+  The analysis step materialises attention probabilities [B, H, T, T] for one layer at a time,
+  so it sees only `train.inspect_batch_size` sequences (rounded up to one per data shard).
+  """
   loss_sum = tokens = 0.0
-  first = None
+  batches = data.val_batches()
   with jax.set_mesh(setup.mesh):
-    for local in data.val_batches():
-      batch = setup.global_batch(local)
-      first = batch if first is None else first
-      out = jax.device_get(setup.eval_step(params, batch))
+    for local in batches:
+      out = jax.device_get(setup.eval_step(params, setup.global_batch(local)))
       loss_sum += float(out['loss_sum'])
       tokens += float(out['tokens'])
+    shards, local_rows = setup.batch_shards, len(batches[0]['inputs'])
+    rows = -(-setup.cfg.train.inspect_batch_size // shards) * shards // jax.process_count()
+    rows = min(max(rows, 1), local_rows)
+    first = setup.global_batch({k: v[:rows] for k, v in batches[0].items()})
     aux = jax.device_get(setup.inspect_step(params, first))
   loss = loss_sum / max(tokens, 1.0)
   metrics = {'loss': loss, 'ppl': math.exp(min(loss, 50.0))}

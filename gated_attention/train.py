@@ -141,6 +141,7 @@ class Setup:
     batch_shards = 1
     for a in (batch_axes[0] if isinstance(batch_axes[0], tuple) else (batch_axes[0],)):
       batch_shards *= mesh.shape[a] if a else 1
+    self.batch_shards = batch_shards
     for name, size in (('batch_size', cfg.train.batch_size),
                        ('batch_size / grad_accum', cfg.train.batch_size // cfg.train.grad_accum)):
       if size % batch_shards:
