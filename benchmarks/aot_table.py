@@ -1,0 +1,263 @@
+"""Smallest v5p slice on which the paper's models train, by ahead-of-time compilation.
+
+  python benchmarks/aot_table.py                 # all rows; writes docs/tpu_aot.md
+  python benchmarks/aot_table.py --scales=dense_1p7b_28l --variants=baseline
+
+For the paper's three architectures (baseline and G1 elementwise) at sequence length 4096 and
+the paper's global batch of 1024 sequences, walk up the v5p slices (4, 8, ... chips; full FSDP
+over all chips: config.mesh data=1, fsdp=-1, rules=fsdp) and, on each, up the gradient
+accumulation (1, 2, 4, ... until one sequence per chip per micro-batch) until the compiled
+training step fits in HBM (`main.py --mode=compile`, gated_attention/aot.py). Needs libtpu
+(pip install -r requirements-tpu.txt), no TPU.
+
+Compiles that do not fit fail fast (seconds: the TPU compiler checks HBM early); a compile that
+fits takes minutes on 2 CPU cores. Each compile runs in its own process (bounded by --timeout);
+results are cached in benchmarks/aot_table.json, so an interrupted run resumes.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.path.join(ROOT, 'benchmarks', 'aot_table.json')
+DOC = os.path.join(ROOT, 'docs', 'tpu_aot.md')
+SLICES = ('2x2x1', '2x2x2', '2x2x4', '2x4x4', '4x4x4', '4x4x8', '4x8x8')  # v5p: 4 ... 256 chips
+SCALES = ('dense_1p7b_28l', 'dense_1p7b_48l', 'moe_15a2b')
+VARIANTS = ('baseline', 'g1_elementwise')
+BATCH, SEQ = 1024, 4096
+HBM_V5P = 95 * 2**30
+KEEP_MARKER = '<!-- Written by hand from here to the search log; benchmarks/aot_table.py keeps it. -->'
+SEARCH_LOG = '## Search log'
+
+
+def chips(shape: str) -> int:
+  n = 1
+  for d in shape.split('x'):
+    n *= int(d)
+  return n
+
+
+def key(variant, scale, topology, ga, extra=()):
+  return '|'.join([variant, scale, topology, str(ga), *extra])
+
+
+def compile_one(variant, scale, topology, ga, extra, timeout):
+  cmd = [sys.executable, os.path.join(ROOT, 'main.py'),
+         f'--config={os.path.join(ROOT, "configs", variant + ".py")}:{scale}',
+         '--mode=compile', f'--topology={topology}',
+         f'--config.train.batch_size={BATCH}', f'--config.data.seq_len={SEQ}',
+         f'--config.train.grad_accum={ga}', *extra]
+  t = time.time()
+  try:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+  except subprocess.TimeoutExpired:
+    return {'error': f'compile timed out after {timeout} s', 'wall_seconds': time.time() - t}
+  if p.returncode:
+    return {'error': (p.stderr or p.stdout).strip().splitlines()[-1][:500],
+            'wall_seconds': time.time() - t}
+  r = json.loads(p.stdout[p.stdout.index('{'):])
+  r['wall_seconds'] = round(time.time() - t, 1)
+  r['code'] = code_version()
+  return r
+
+
+def code_version() -> str:
+  """Commit of the code compiled, '+dirty' when gated_attention/ or configs/ had changes."""
+  git = lambda *a: subprocess.run(['git', *a], capture_output=True, text=True, cwd=ROOT).stdout  # noqa: E731
+  dirty = git('status', '--porcelain', '--untracked-files=no', '--', 'gated_attention', 'configs').strip()
+  return git('rev-parse', '--short', 'HEAD').strip() + ('+dirty' if dirty else '')
+
+
+def estimate_state_bytes(scale, n_chips):
+  """f32 params + AdamW m, v + f32 gradients, evenly sharded: a lower bound to skip slices."""
+  sys.path.insert(0, ROOT)
+  from configs import base  # pylint: disable=g-import-not-at-top
+  from gated_attention import model  # pylint: disable=g-import-not-at-top
+  return model.param_report(base.get_config(scale).model)['total'] * 16 / n_chips
+
+
+def search(variant, scale, slices, cache, args, log):
+  """(report, attempts): the first of `slices` (and smallest grad_accum on it) that fits."""
+  attempts = []
+  for shape in slices:
+    n = chips(shape)
+    if BATCH % n:
+      continue
+    if estimate_state_bytes(scale, n) > HBM_V5P:
+      attempts.append({'topology': f'v5p:{shape}', 'skipped': 'parameters + AdamW state alone '
+                       'exceed HBM'})
+      continue
+    ga = 1
+    while BATCH // n // ga >= 1:
+      k = key(variant, scale, f'v5p:{shape}', ga, args.extra)
+      if k not in cache:
+        log(f'compiling {k} ...')
+        cache[k] = compile_one(variant, scale, f'v5p:{shape}', ga, args.extra, args.timeout)
+        with open(CACHE, 'w') as f:
+          json.dump(cache, f, indent=1)
+      r = cache[k]
+      attempts.append(dict(topology=f'v5p:{shape}', grad_accum=ga, fits=r.get('fits'),
+                           error=r.get('error'), wall_seconds=r.get('wall_seconds'),
+                           compile_seconds=r.get('compile_seconds')))
+      log(f'  {k}: ' + (r.get('message') or r.get('error', ''))[:200] +
+          f' [{r.get("wall_seconds")} s]')
+      if r.get('fits'):
+        return r, attempts
+      if 'error' in r and 'timed out' in r['error']:
+        break  # a bigger grad_accum would be slower still; try the next slice
+      ga *= 2
+  return None, attempts
+
+
+def fmt_row(variant, scale, r, last):
+  if r is None:
+    return f'| {scale} | {variant} | does not fit up to v5p:{last} | | | | | | | |'
+  m, b, rf, fl = r['memory'], r['batch'], r['roofline'], r['flops']
+  mesh = 'x'.join(f'{k}={v}' for k, v in r['mesh'].items() if v > 1)
+  mfu2 = rf.get('mfu_traced_flops')
+  mfu2 = f' [{mfu2:.1%}]' if mfu2 and abs(mfu2 - rf['mfu']) > 0.01 else ''
+  return (f'| {scale} | {variant} | {r["topology"]} ({r["devices"]} chips) | {mesh} | '
+          f'{b["grad_accum"]} ({b["per_device_micro_batch"]:g} seq/chip) | '
+          f'{m["total_bytes"] / 2**30:.1f} GiB ({m["hbm_fraction"]:.0%}) | '
+          f'{rf["mfu"]:.1%} ({rf["bound"]}){mfu2} | {rf["step_seconds"]:.2f} s | '
+          f'{fl["xla_over_analytic"]:.2f} | {r["compile_seconds"]["compile"]:.0f} s |')
+
+
+DOC_HEAD = """# Ahead-of-time compilation for TPU pods
+
+`main.py --mode=compile --topology=<name>` lowers and compiles the real training step (forward,
+backward, AdamW, gradient accumulation, with the shardings of `config.mesh.rules`) for a TPU
+slice, on a machine without TPUs, and prints one JSON report (gated_attention/aot.py):
+per-device memory against HBM, XLA's FLOPs against the analytic count, a roofline step time and
+MFU, the collectives in the program, and the compile time. When the step does not fit, the TPU
+compiler usually refuses it and the report names the largest buffers of its memory report; a step
+that compiles but exceeds HBM is flagged too, with the program's largest arrays.
+
+    pip install -r requirements-tpu.txt          # libtpu: the TPU compiler, no TPU needed
+    python main.py --config=configs/g1_elementwise.py:moe_15a2b --mode=compile --topology=v5p:4x4x4 \\
+        --config.train.grad_accum=16
+    python main.py --config=configs/baseline.py:dense_1p7b_28l --mode=compile --topology=v5p:2x2x2 \\
+        --config.mesh.fsdp=4 --config.mesh.data=2    # any mesh; one axis may be -1
+
+Topology names are libtpu's: `v5p:2x2x1` (4 chips) ... `v5p:8x8x8`, `v5e:4x4` (`v5litepod:` is
+accepted), `v6e:2x2`, `v4:2x2x2`. Chip figures (`aot.CHIPS`, sources in the comments):
+
+| chip | peak bf16 | HBM | HBM bandwidth |
+|---|---|---|---|
+{chips}
+
+How to read the numbers:
+- **Memory** is XLA's `compiled.memory_analysis()` for one device: arguments (this device's shard
+  of params and AdamW state, and of the batch) + outputs - donated (aliased) + temporaries +
+  generated code. The compiler's own HBM limit for v5p is 95.74 GiB.
+- **FLOPs**: XLA's `cost_analysis()` counts a while loop's body once; the layers are a scan and
+  grad accumulation is a scan, so the report scales it by the trip counts measured on the step's
+  jaxpr (`flops.loop_scale`). `xla_over_analytic` compares with `model.train_flops_per_token`
+  (6 x active parameters + causal attention, the function training logs TFLOP/s with): about
+  1.33 from full remat (one more forward), more from the attention matmuls over the full (not
+  causal-halved) T x T, and, for the MoE with grad_accum > 1, the extra forward that gathers the
+  global load-balancing statistics.
+- **Roofline**: step time = max(FLOPs / peak, bytes accessed / HBM bandwidth) per device; MFU =
+  analytic FLOPs / (step time x peak). It ignores inter-chip communication (FSDP all-gathers the
+  weights for every micro-batch, three times with remat) and MXU efficiency: an upper bound.
+  Bytes accessed are XLA's, scaled by the loop trip counts read from the compiled HLO. In
+  brackets where it differs: the MFU with the traced step's matmul FLOPs in place of XLA's
+  (`roofline.mfu_traced_flops`; see the MoE below).
+"""
+
+
+def write_doc(tables, attempts_by_row, cache, args):
+  os.makedirs(os.path.dirname(DOC), exist_ok=True)
+  sys.path.insert(0, ROOT)
+  from gated_attention import aot  # pylint: disable=g-import-not-at-top
+  chips_tbl = '\n'.join(f'| {k} | {v["peak_bf16_flops"] / 1e12:.0f} TFLOP/s | '
+                        f'{v["hbm_bytes"] / 2**30:.0f} GiB | {v["hbm_bandwidth"] / 1e9:.0f} GB/s |'
+                        for k, v in aot.CHIPS.items())
+  out = [DOC_HEAD.replace('{chips}', chips_tbl)]
+  codes = sorted({cache[k].get('code', '?') for k in cache})
+  for i, (title, rows) in enumerate(tables):
+    out.append(f'## {title} (sequence {SEQ}, global batch {BATCH})\n')
+    if i == 0:
+      out.append(
+          f'Produced by `python benchmarks/aot_table.py --also={",".join(args.also)}` (code: '
+          f'{", ".join(codes)}; libtpu 0.0.42.1; raw reports: `benchmarks/aot_table.json`). '
+          'Full FSDP over all chips (data=1, fsdp=-1, rules=fsdp, the config default for these '
+          'scales), full remat, bf16 compute, XLA attention; the smallest slice, then the '
+          'smallest grad accumulation, whose compiled step fits.'
+          + (f' Extra flags: `{" ".join(args.extra)}`.' if args.extra else '') + '\n')
+    out.append('| model | variant | slice | mesh | grad_accum (micro-batch) | '
+               'memory / chip | roofline MFU | roofline step | XLA / analytic FLOPs | compile |')
+    out.append('|---|---|---|---|---|---|---|---|---|---|')
+    out += rows
+    out.append('')
+  kept = ''
+  if os.path.exists(DOC):  # the hand-written findings (marker .. search log) survive a rerun
+    with open(DOC) as f:
+      old = f.read()
+    if KEEP_MARKER in old:
+      kept = old[old.index(KEEP_MARKER):]
+      kept = kept[:kept.index(SEARCH_LOG)] if SEARCH_LOG in kept else kept
+  out.append((kept or KEEP_MARKER + '\n').rstrip() + '\n')
+  out.append('\n' + SEARCH_LOG + '\n')
+  out.append('Every compile tried (a "no" fails in seconds; a "yes" is a full compile). '
+             'Compile times: a 2-core CPU machine shared with other jobs (load 3-7), so they vary 2-3x.\n')
+  out.append('| model | variant | topology | grad_accum | fits | compile (s) | wall (s) |')
+  out.append('|---|---|---|---|---|---|---|')
+  for (variant, scale), attempts in attempts_by_row.items():
+    for a in attempts:
+      if 'skipped' in a:
+        out.append(f'| {scale} | {variant} | {a["topology"]} | - | no: {a["skipped"]} | | |')
+        continue
+      fits = 'yes' if a['fits'] else ('no' if a['fits'] is False else f'error: {a["error"]}')
+      cs = (a.get('compile_seconds') or {}).get('compile', '')
+      out.append(f'| {scale} | {variant} | {a["topology"]} | {a["grad_accum"]} | {fits} | '
+                 f'{cs} | {a["wall_seconds"]} |')
+  with open(DOC, 'w') as f:
+    f.write('\n'.join(out).rstrip() + '\n')
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--scales', default=','.join(SCALES))
+  p.add_argument('--variants', default=','.join(VARIANTS))
+  p.add_argument('--slices', default=','.join(SLICES), help='v5p chip grids, smallest first')
+  p.add_argument('--timeout', type=int, default=1800, help='seconds per compile')
+  p.add_argument('--extra', default='', help='more main.py flags, space separated')
+  p.add_argument('--also', default='',
+                 help='v5p chip grids for extra tables (smallest grad_accum that fits there)')
+  p.add_argument('--no-doc', action='store_true')
+  args = p.parse_args()
+  args.slices = args.slices.split(',')
+  args.extra = tuple(args.extra.split())
+  args.also = [a for a in args.also.split(',') if a]
+  cache = {}
+  if os.path.exists(CACHE):
+    with open(CACHE) as f:
+      cache = json.load(f)
+
+  def log(msg):
+    print(time.strftime('%H:%M:%S'), msg, flush=True)
+
+  tables, attempts_by_row = [], {}
+  for title, slices in [('Smallest v5p slice per model', args.slices)] + [
+      (f'On v5p:{a} ({chips(a)} chips)', [a]) for a in args.also]:
+    rows = []
+    for scale in args.scales.split(','):
+      for variant in args.variants.split(','):
+        r, attempts = search(variant, scale, slices, cache, args, log)
+        rows.append(fmt_row(variant, scale, r, slices[-1]))
+        attempts_by_row.setdefault((variant, scale), []).extend(
+            a for a in attempts if a not in attempts_by_row.get((variant, scale), []))
+        log(rows[-1])
+    tables.append((title, rows))
+  if not args.no_doc:
+    write_doc(tables, attempts_by_row, cache, args)
+    log(f'wrote {DOC}')
+
+
+if __name__ == '__main__':
+  main()
