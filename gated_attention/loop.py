@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 import input_pipeline
+from gated_attention import aot
 from gated_attention import checkpoint as ckpt_lib
 from gated_attention import model as model_lib
 from gated_attention import sharding
@@ -177,6 +178,7 @@ def run(config, workdir: str) -> dict:
     params, opt_state = restored['params'], restored['opt_state']
   report = model_lib.param_report(config.model)
   flops_per_token = model_lib.train_flops_per_token(config.model, config.data.seq_len)
+  chip = aot.chip_spec(jax.devices()[0].device_kind)  # peak FLOP/s for MFU (known TPUs only)
   progress = Progress(step, tc.steps)
   progress.write(
       f'{config.variant} ({config.scale}): {report["total"]:,} parameters '
@@ -202,6 +204,9 @@ def run(config, workdir: str) -> dict:
                          step_time=dt, tokens_per_sec=tokens_per_step / dt,
                          tflops_per_sec_per_device=flops_per_token * tokens_per_step / dt
                          / 1e12 / jax.device_count())
+          if chip:
+            metrics['mfu'] = (metrics['tflops_per_sec_per_device'] * 1e12
+                              / chip['peak_bf16_flops'])
           if not math.isfinite(float(metrics['loss'])):
             raise FloatingPointError(f'Loss is {metrics["loss"]} at step {step}: training '
                                      'diverged (lower --config.train.learning_rate).')
