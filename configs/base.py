@@ -129,6 +129,8 @@ def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
       weight_decay=0.1,
       grad_clip=1.0,
       z_loss=0.0,               # logits z-loss coefficient
+      loss_chunk_size=0,        # >0: cross-entropy over sequence chunks of this many tokens,
+                                # rematerialised, so the [B, T, V] logits never exist at once
       log_every=20,
       eval_every=200,
       inspect_batch_size=8,     # sequences for the F-Attn / M-Act / gate metrics at each eval
@@ -160,7 +162,7 @@ def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
   if scale in ('dense_1p7b_28l', 'dense_1p7b_48l', 'moe_15a2b'):
     c.data.seq_len = 4096
     c.data.tokenizer = ''       # must be set to Qwen's tokenizer.json for these scales
-    c.train.update(batch_size=1024, steps=100_000, warmup_steps=1000,
+    c.train.update(batch_size=1024, steps=100_000, warmup_steps=1000, loss_chunk_size=512,
                    learning_rate=4e-3 if scale.startswith('dense') else 2e-3,
                    min_learning_rate=3e-5, eval_every=1000, checkpoint_every=1000, log_every=10)
     c.mesh.update(data=1, fsdp=-1, rules='fsdp')

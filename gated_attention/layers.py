@@ -44,7 +44,7 @@ class MLP(nnx.Module):
 
 
 class Embed(nnx.Module):
-  """Token embedding; `attend` reuses the table as the LM head when embeddings are tied."""
+  """Token embedding (the table is also the LM head when embeddings are tied: model.py)."""
 
   def __init__(self, vocab: int, dim: int, *, std: float, dtype, rngs: nnx.Rngs):
     self.embedding = param(rngs, (vocab, dim), ('vocab', 'embed'), std)
@@ -55,6 +55,3 @@ class Embed(nnx.Module):
     # weight): a lookup into an embed-sharded table cannot be partitioned by batch.
     table = sharding.constrain(self.embedding[...], ('vocab', None))
     return jnp.take(table, tokens_BxT, axis=0).astype(self.dtype)
-
-  def attend(self, x_BxTxD: jax.Array) -> jax.Array:
-    return jnp.einsum('btd,vd->btv', x_BxTxD, self.embedding[...].astype(self.dtype))

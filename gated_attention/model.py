@@ -97,8 +97,10 @@ class Transformer(nnx.Module):
         rngs, (cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'), cfg.init_std)
 
   def __call__(self, tokens_BxT: jax.Array, *, inspect: bool = False,
-               moe_load_LxE: jax.Array | None = None) -> tuple[jax.Array, dict]:
-    """Returns float32 logits [B, T, V] and per-layer aux outputs stacked to [L, ...]."""
+               moe_load_LxE: jax.Array | None = None,
+               return_hidden: bool = False) -> tuple[jax.Array, dict]:
+    """Returns float32 logits [B, T, V] (or, with `return_hidden`, the final-normed hidden
+    states [B, T, D]) and per-layer aux outputs stacked to [L, ...]."""
     B, T = tokens_BxT.shape
     positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     h_BxTxD = sharding.constrain(self.embed(tokens_BxT), ('batch', 'seq', 'embed'))
@@ -119,12 +121,18 @@ class Transformer(nnx.Module):
       h_BxTxD, aux = scan(h_BxTxD, self.blocks, moe_load_LxE)
 
     h_BxTxD = self.final_norm(h_BxTxD)
-    if self.lm_head is None:
-      logits = self.embed.attend(h_BxTxD)
-    else:
-      logits = jnp.einsum('btd,dv->btv', h_BxTxD, self.lm_head[...].astype(h_BxTxD.dtype))
-    logits = sharding.constrain(logits, ('batch', 'seq', 'vocab'))
-    return logits.astype(jnp.float32), aux
+    if return_hidden:
+      return h_BxTxD, aux
+    return self.logits(h_BxTxD, self.head_kernel()), aux
+
+  def head_kernel(self) -> jax.Array:
+    """The LM head [D, V] in float32: the embedding table, transposed, when tied."""
+    return self.embed.embedding[...].T if self.lm_head is None else self.lm_head[...]
+
+  @staticmethod
+  def logits(h_BxTxD: jax.Array, kernel_DxV: jax.Array) -> jax.Array:
+    logits = jnp.einsum('btd,dv->btv', h_BxTxD, kernel_DxV.astype(h_BxTxD.dtype))
+    return sharding.constrain(logits, ('batch', 'seq', 'vocab')).astype(jnp.float32)
 
 
 def abstract_model(cfg) -> Transformer:

@@ -36,16 +36,43 @@ def make_optimizer(tc) -> optax.GradientTransformation:
                   weight_decay=tc.weight_decay, mask=decay_mask))
 
 
+def _token_losses(h_BxTxD, kernel_DxV, targets_BxT, mask_BxT):
+  """Summed cross-entropy and summed squared log-partition (z-loss) of some tokens."""
+  logits_BxTxV = model_lib.Transformer.logits(h_BxTxD, kernel_DxV)
+  lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
+  target_logit = jnp.take_along_axis(logits_BxTxV, targets_BxT[..., None], -1)[..., 0]
+  return (jnp.sum((lse_BxT - target_logit) * mask_BxT),
+          jnp.sum(jnp.square(lse_BxT) * mask_BxT))
+
+
+def _chunked_token_losses(h_BxTxD, kernel_DxV, targets_BxT, mask_BxT, chunk: int):
+  """_token_losses over sequence chunks, each rematerialised in the backward pass, so only one
+  chunk's [B, chunk, V] float32 logits are alive at a time (they dominate memory at V=151,936)."""
+  B, T = h_BxTxD.shape[:2]
+  split = lambda x: jnp.moveaxis(x.reshape(B, T // chunk, chunk, *x.shape[2:]), 1, 0)  # noqa: E731
+  step = jax.checkpoint(_token_losses)
+
+  def body(carry, xs):
+    h, t, m = xs
+    return jax.tree.map(jnp.add, carry, step(h, kernel_DxV, t, m)), None
+  zero = jnp.zeros((), jnp.float32)
+  (ce_sum, z_sum), _ = jax.lax.scan(
+      body, (zero, zero), (split(h_BxTxD), split(targets_BxT), split(mask_BxT)))
+  return ce_sum, z_sum
+
+
 def loss_fn(params, graphdef, batch, cfg, moe_load_LxE=None):
   """Mean token cross-entropy plus the optional logits z-loss and the MoE auxiliary losses."""
   model = nnx.merge(graphdef, params)
-  logits_BxTxV, aux = model(batch['inputs'], moe_load_LxE=moe_load_LxE)
-  mask_BxT = batch['loss_mask']
-  lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
-  target_logit = jnp.take_along_axis(logits_BxTxV, batch['targets'][..., None], -1)[..., 0]
-  tokens = jnp.maximum(jnp.sum(mask_BxT), 1.0)
-  ce = jnp.sum((lse_BxT - target_logit) * mask_BxT) / tokens
-  z_loss = jnp.sum(jnp.square(lse_BxT) * mask_BxT) / tokens
+  h_BxTxD, aux = model(batch['inputs'], moe_load_LxE=moe_load_LxE, return_hidden=True)
+  args = (h_BxTxD, model.head_kernel(), batch['targets'], batch['loss_mask'])
+  chunk = cfg.train.loss_chunk_size
+  if chunk and chunk < h_BxTxD.shape[1]:
+    ce_sum, z_sum = _chunked_token_losses(*args, chunk)
+  else:
+    ce_sum, z_sum = _token_losses(*args)
+  tokens = jnp.maximum(jnp.sum(batch['loss_mask']), 1.0)
+  ce, z_loss = ce_sum / tokens, z_sum / tokens
   total = ce + cfg.train.z_loss * z_loss
   metrics = {'loss': ce, 'z_loss': z_loss}
   moe = cfg.model.moe
@@ -147,6 +174,10 @@ class Setup:
       if size % batch_shards:
         raise ValueError(f'config.train.{name}={size} must be divisible by the {batch_shards} '
                          f'data-parallel shards of mesh {dict(mesh.shape)}.')
+    chunk = cfg.train.loss_chunk_size
+    if chunk < 0 or (chunk and cfg.data.seq_len % chunk):
+      raise ValueError(f'config.train.loss_chunk_size={chunk} must be 0 (off) or divide '
+                       f'config.data.seq_len={cfg.data.seq_len}.')
     if cfg.train.batch_size % cfg.train.grad_accum:
       raise ValueError(f'config.train.batch_size={cfg.train.batch_size} must be divisible by '
                        f'config.train.grad_accum={cfg.train.grad_accum}.')

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import layers
+from gated_attention import layers, model
 from tests import reference as ref
 
 B, T, D, F, V = 2, 8, 32, 48, 61
@@ -68,7 +68,7 @@ def test_embedding_and_tied_head_match_numpy():
   h = emb(tokens)
   np.testing.assert_array_equal(h, ref.embed(table, tokens))
   x = _randn(6, (B, T, D))
-  logits = emb.attend(x)
+  logits = model.Transformer.logits(x, emb.embedding[...].T)
   assert logits.shape == (B, T, V)
   np.testing.assert_allclose(logits, _f64(x) @ table.T, **TOL)
 

@@ -212,3 +212,28 @@ def test_run_saved_by_older_code_still_resumes(tmp_path):
     json.dump(saved, f)
   with pytest.raises(ckpt_lib.IncompatibleCheckpointError, match='ffn_match_baseline'):
     ckpt_lib.Checkpointer(workdir, cfg, keep=1, every=1)
+
+
+def test_chunked_loss_equals_the_whole_loss():
+  rng = np.random.default_rng(1)
+  toks = rng.integers(0, 257, (4, 33)).astype(np.int32)
+  mask = (rng.random((4, 32)) > 0.2).astype(np.float32)
+  batch = {'inputs': toks[:, :-1], 'targets': toks[:, 1:], 'loss_mask': mask}
+  results = []
+  for chunk, variant in ((0, 'g1_elementwise'), (8, 'g1_elementwise'), (0, 'baseline'),
+                         (16, 'baseline')):
+    c = tiny_config(variant, **{'train.loss_chunk_size': chunk, 'train.z_loss': 1e-3,
+                                'model.tie_embeddings': variant == 'baseline'})
+    setup = train_lib.Setup(c, sharding.build_mesh(c.mesh))
+    params, _ = setup.init(0)
+    grad_fn = jax.jit(jax.value_and_grad(
+        lambda p, b, c=c, g=setup.graphdef: train_lib.loss_fn(p, g, b, c), has_aux=True))
+    results.append(jax.device_get(grad_fn(params, batch)))
+  for whole, chunked in (results[:2], results[2:]):
+    (l0, m0), g0 = whole
+    (l1, m1), g1 = chunked
+    assert l0 == pytest.approx(l1, rel=1e-6) and m0['z_loss'] == pytest.approx(m1['z_loss'])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g0, g1)
+  with pytest.raises(ValueError, match='loss_chunk_size'):
+    c = tiny_config(**{'train.loss_chunk_size': 5})
+    train_lib.Setup(c, sharding.build_mesh(c.mesh))
