@@ -42,6 +42,10 @@ def moe_config() -> ml_collections.ConfigDict:
       router_z_loss_coef=1e-3,
       dispatch='dropless',      # dropless (sorted tokens + ragged_dot) | capacity
       capacity_factor=1.25,
+      # dropless grouped expert matmuls: auto (megablox on TPU meshes, else ragged_dot) |
+      # ragged_dot | megablox (Pallas TPU kernels; ragged_dot's weight gradient is dense over all
+      # experts on TPU). megablox tiles K/N by 128s, or whole when not a multiple of 128 (<= 2048).
+      grouped_matmul='auto',
   ))
 
 

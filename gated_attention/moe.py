@@ -10,7 +10,8 @@ float32, expert matmuls run in `cfg.dtype`.
 Dispatch (`cfg.moe.dispatch`):
   dropless  The N*K (token, expert) assignments are stably sorted by expert, the
             tokens gathered into that order and the experts applied as grouped
-            matmuls with `jax.lax.ragged_dot` (group sizes = per-expert counts).
+            matmuls (`grouped_matmul`: jax.lax.ragged_dot, or the Pallas megablox kernels on TPU,
+            moe.grouped_matmul; group sizes = per-expert counts).
             The outputs are weighted and scatter-added back to their tokens.
             All shapes are static (N*K rows), so it jits; nothing is dropped.
   capacity  Every expert has C = ceil(capacity_factor * N * K / E) slots.
@@ -85,6 +86,86 @@ def capacity_slots(experts_NxK, num_experts, capacity):
   return slot_NxK, slot_NxK < capacity
 
 
+GROUPED_MATMULS = ('auto', 'ragged_dot', 'megablox', 'megablox_interpret')
+_GMM_TM = 128  # megablox row tile; rows are zero-padded up to a multiple of it
+_GMM_MAX_FULL_TILE = 2048  # largest K/N that is not a multiple of 128 megablox takes as one tile
+
+
+def resolve_grouped_matmul(impl: str, platform: str) -> str:
+  """'auto' -> 'megablox' on TPU devices, else 'ragged_dot'; anything else is validated."""
+  if impl not in GROUPED_MATMULS:
+    raise ValueError(f'Unknown config.model.moe.grouped_matmul {impl!r}; '
+                     f'expected one of {GROUPED_MATMULS}')
+  if impl == 'auto':
+    return 'megablox' if platform == 'tpu' else 'ragged_dot'
+  return impl
+
+
+def resolve_model_config(model_cfg, mesh):
+  """A copy of the model config with moe.grouped_matmul='auto' resolved for the mesh's devices."""
+  if model_cfg.moe.get('grouped_matmul', 'auto') != 'auto':
+    return model_cfg
+  if isinstance(mesh, jax.sharding.Mesh):
+    platform = mesh.devices.flat[0].platform
+  else:  # an AbstractMesh (memory estimates) has no devices
+    platform = jax.default_backend()
+  model_cfg = model_cfg.copy_and_resolve_references()
+  with model_cfg.unlocked():
+    model_cfg.moe.grouped_matmul = resolve_grouped_matmul('auto', platform)
+  return model_cfg
+
+
+def _gmm_tile(dim: int, name: str) -> int:
+  """Megablox K/N tile: a multiple of 128 dividing dim, else (Mosaic allows a block spanning the
+  whole dimension) dim itself while it is small enough for VMEM."""
+  for t in (512, 256, 128):
+    if dim % t == 0:
+      return t
+  if dim <= _GMM_MAX_FULL_TILE:
+    return dim
+  raise ValueError(f'config.model.moe.grouped_matmul=megablox needs the {name} dimension of the '
+                   f'(per-shard) expert matmuls to be a multiple of 128 or at most '
+                   f'{_GMM_MAX_FULL_TILE}, got {dim}; use '
+                   f"config.model.moe.grouped_matmul='ragged_dot' for these shapes.")
+
+
+def _gmm_tiling(m, k, n):
+  """Per call (gmm forward, its transposed input-gradient gmm, tgmm) (tm, tk, tn)."""
+  del m  # rows are padded to a multiple of _GMM_TM
+  return _GMM_TM, _gmm_tile(k, 'K'), _gmm_tile(n, 'N')
+
+
+def grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, impl: str):
+  """out[rows of group g] = x[rows of group g] @ w[g]; rows past sum(group_sizes) are zero.
+
+  impl: 'ragged_dot' (jax.lax.ragged_dot) or 'megablox' (Pallas TPU grouped matmul, whose custom
+  VJP computes the weight gradient with tgmm over the groups' rows only; ragged_dot's weight
+  gradient compiles to a dense product over all groups on TPU). 'megablox_interpret' runs the
+  megablox kernels in the Pallas interpreter (any backend; tests).
+  """
+  if impl == 'ragged_dot':
+    return jax.lax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G)
+  if impl not in ('megablox', 'megablox_interpret'):
+    raise ValueError(f'grouped_matmul impl {impl!r} must be resolved to ragged_dot or megablox '
+                     '(config.model.moe.grouped_matmul)')
+  from jax.experimental.pallas.ops.tpu.megablox import gmm  # pylint: disable=g-import-not-at-top
+  M, K = x_MxK.shape
+  N = w_GxKxN.shape[-1]
+  _gmm_tile(K, 'contraction (K)')   # clear errors up front, before gmm's own
+  _gmm_tile(N, 'output (N)')
+  Mp = -(-M // _GMM_TM) * _GMM_TM
+  group_sizes_G = group_sizes_G.astype(jnp.int32)
+  # gmm leaves rows past sum(group_sizes) (the padding, moe_parallel's tail) uninitialised, in the
+  # output and in its input gradient: zero them on the way in and out (select, NaN-safe).
+  valid_M = jnp.arange(Mp, dtype=jnp.int32) < jnp.sum(group_sizes_G)
+  x = jnp.pad(x_MxK, ((0, Mp - M), (0, 0))) if Mp != M else x_MxK
+  x = jnp.where(valid_M[:, None], x, jnp.zeros((), x.dtype))
+  out = gmm(x, w_GxKxN.astype(x.dtype), group_sizes_G, x.dtype, _gmm_tiling,
+            interpret=impl == 'megablox_interpret')
+  out = jnp.where(valid_M[:, None], out, jnp.zeros((), out.dtype))
+  return out[:M]
+
+
 class MoE(nnx.Module):
   """Top-k routed SwiGLU experts (+ optional shared experts). See module doc."""
 
@@ -94,6 +175,10 @@ class MoE(nnx.Module):
     self.renormalize, self.lb_loss_type = m.renormalize, m.lb_loss_type
     self.dispatch, self.capacity_factor = m.dispatch, m.capacity_factor
     self.dtype = jnp.dtype(cfg.dtype)
+    # 'auto' is resolved for the mesh's devices by train.Setup (resolve_model_config); a model
+    # built directly from a config with 'auto' uses the default backend.
+    self.grouped_matmul = resolve_grouped_matmul(m.get('grouped_matmul', 'auto'),
+                                                 jax.default_backend())
     if self.dispatch not in ('dropless', 'capacity'):
       raise ValueError(f'Unknown moe.dispatch {self.dispatch!r}')
     if self.lb_loss_type not in ('global', 'sequence'):
@@ -114,7 +199,8 @@ class MoE(nnx.Module):
     if moe_parallel.active():  # sharded: per-shard sort, expert parallelism (moe_parallel.py)
       return moe_parallel.dropless(
           x_NxD, weights_NxK, experts_NxK, self.wi_gate[...], self.wi_up[...], self.wo[...],
-          num_experts=self.num_experts, dtype=self.dtype), jnp.zeros((), jnp.float32)
+          num_experts=self.num_experts, dtype=self.dtype,
+          impl=self.grouped_matmul), jnp.zeros((), jnp.float32)
     N, K = experts_NxK.shape
     E, dt = self.num_experts, self.dtype
     experts_M = experts_NxK.reshape(N * K)  # M = N*K assignments, token-major
@@ -122,9 +208,10 @@ class MoE(nnx.Module):
     token_M = order_M // K
     group_sizes_E = jnp.bincount(experts_M, length=E).astype(jnp.int32)
     x_MxD = x_NxD[token_M]
-    g = jax.lax.ragged_dot(x_MxD, self.wi_gate[...].astype(dt), group_sizes_E)
-    u = jax.lax.ragged_dot(x_MxD, self.wi_up[...].astype(dt), group_sizes_E)
-    y_MxD = jax.lax.ragged_dot(jax.nn.silu(g) * u, self.wo[...].astype(dt), group_sizes_E)
+    impl = self.grouped_matmul
+    g = grouped_matmul(x_MxD, self.wi_gate[...].astype(dt), group_sizes_E, impl)
+    u = grouped_matmul(x_MxD, self.wi_up[...].astype(dt), group_sizes_E, impl)
+    y_MxD = grouped_matmul(jax.nn.silu(g) * u, self.wo[...].astype(dt), group_sizes_E, impl)
     w_M = weights_NxK.reshape(N * K)[order_M].astype(dt)
     y_NxD = jax.ops.segment_sum(y_MxD * w_M[:, None], token_M, num_segments=N)
     return y_NxD, jnp.zeros((), jnp.float32)

@@ -14,6 +14,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from gated_attention import model as model_lib
+from gated_attention import moe as moe_lib
 from gated_attention import sharding
 
 NO_DECAY = ('scale', 'bias')  # norms' scales and biases are not weight-decayed
@@ -147,7 +148,9 @@ class Setup:
   def __init__(self, cfg, mesh):
     self.cfg, self.mesh = cfg, mesh
     self.rules = sharding.get_rules(cfg.mesh.rules)
-    abstract = model_lib.abstract_model(cfg.model)
+    # moe.grouped_matmul='auto' resolved for this mesh's devices (megablox on TPU).
+    self.model_cfg = moe_lib.resolve_model_config(cfg.model, mesh)
+    abstract = model_lib.abstract_model(self.model_cfg)
     self.graphdef, abstract_state = nnx.split(abstract)
     specs = nnx.to_pure_dict(sharding.param_specs(abstract_state, self.rules, mesh.shape))
     self.param_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
@@ -206,7 +209,7 @@ class Setup:
     return wrapped
 
   def _init(self, key):
-    model = model_lib.Transformer(self.cfg.model, rngs=nnx.Rngs(params=key))
+    model = model_lib.Transformer(self.model_cfg, rngs=nnx.Rngs(params=key))
     params = nnx.to_pure_dict(nnx.state(model))
     return params, self.optimizer.init(params)
 

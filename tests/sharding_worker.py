@@ -2,7 +2,8 @@
 
   python tests/sharding_worker.py OUT.json CASE [CASE ...]
 
-CASE is `<dense|moe>:<rules>` (e.g. moe:fsdp_expert) or `restore`. XLA_FLAGS must be set before
+CASE is `<dense|moe|moegmm>:<rules>` (e.g. moe:fsdp_expert; moegmm: the MoE through the megablox
+grouped matmuls, in the Pallas interpreter) or `restore`. XLA_FLAGS must be set before
 jax is imported, which is why this is a separate process. Every case's results (losses, gradient
 errors against the single-device reference, the shardings that parameters, gradients and
 optimizer state really have, restored parameters) go to OUT.json; the test asserts on them.
@@ -36,13 +37,15 @@ B, T, V = 8, 16, 128
 
 
 def config(kind: str, rules: str = 'data_parallel', mesh=None):
-  c = base.get_config('moe_tiny' if kind == 'moe' else 'tiny')
+  c = base.get_config('moe_tiny' if kind in ('moe', 'moegmm') else 'tiny')
   c.variant = 'g1_elementwise'
   c.model.gate.position = 'g1'  # a gate kernel [embed, heads, head_dim] to shard as well
   c.model.update(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                  vocab_size=V)
-  if kind == 'moe':
+  if kind in ('moe', 'moegmm'):
     c.model.moe.update(num_experts=8, top_k=2, expert_ffn_size=32)
+  if kind == 'moegmm':  # megablox kernels (Pallas interpreter); references use ragged_dot
+    c.model.moe.grouped_matmul = 'megablox_interpret'
   else:
     c.model.ffn_size = 128
   c.data.seq_len, c.train.batch_size = T, B
@@ -174,10 +177,11 @@ def main():
       results[case] = restore_case()
     else:
       kind, rules = case.split(':')
-      if kind not in refs:
-        params[kind] = init_params(kind)
-        refs[kind] = reference(kind, params[kind])
-      results[case] = run_case(kind, rules, params[kind], refs[kind])
+      ref_kind = 'moe' if kind == 'moegmm' else kind
+      if ref_kind not in refs:
+        params[ref_kind] = init_params(ref_kind)
+        refs[ref_kind] = reference(ref_kind, params[ref_kind])
+      results[case] = run_case(kind, rules, params[ref_kind], refs[ref_kind])
     results[case]['wall_seconds'] = time.time() - t0
     print(f'{case}: {time.time() - t0:.1f}s', file=sys.stderr, flush=True)
   with open(out_path, 'w') as f:

@@ -202,3 +202,63 @@ def test_jit_bfloat16_and_metadata():
   assert y.dtype == jnp.bfloat16 and aux['lb_loss'].dtype == jnp.float32
   y_ref, _ = np_moe(m, x.astype(jnp.float32))
   np.testing.assert_allclose(np.asarray(y, np.float32), y_ref, rtol=0.1, atol=0.1)
+
+
+# --- grouped_matmul: megablox (Pallas interpreter on CPU) == ragged_dot ----------------------------
+
+@pytest.mark.parametrize('M,Kd,N', [(256, 128, 128), (200, 128, 128), (256, 96, 192)])
+def test_grouped_matmul_megablox_matches_ragged_dot(M, Kd, N):
+  # M=200: rows padded to the 128-row tile, 7 tail rows; K=96/N=192: whole-dimension tiles
+  sizes = np.array([70, 0, 93, 30], np.int32) if M == 256 else np.array([50, 0, 93, 50], np.int32)
+  sizes = jnp.asarray(sizes)          # uneven, one empty group; M=256 leaves a 63-row tail
+  kx, kw, kc = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(kx, (M, Kd), jnp.float32)
+  w = jax.random.normal(kw, (4, Kd, N), jnp.float32) / np.sqrt(Kd)
+  c = jax.random.normal(kc, (M, N), jnp.float32)
+
+  def loss(x, w, impl):
+    y = moe_lib.grouped_matmul(x, w, sizes, impl)
+    return jnp.sum(y * c), y
+
+  (l_r, y_r), (gx_r, gw_r) = jax.value_and_grad(loss, (0, 1), has_aux=True)(x, w, 'ragged_dot')
+  (l_m, y_m), (gx_m, gw_m) = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True),
+                                     static_argnums=2)(x, w, 'megablox_interpret')
+  for a, b in ((y_m, y_r), (gx_m, gx_r), (gw_m, gw_r)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+  assert np.all(np.asarray(y_m)[int(sizes.sum()):] == 0)
+  assert np.all(np.asarray(gx_m)[int(sizes.sum()):] == 0)
+  assert np.all(np.asarray(gw_m)[1] == 0)   # empty group
+
+
+def test_grouped_matmul_config_and_errors():
+  assert base.moe_config().grouped_matmul == 'auto'
+  assert moe_lib.resolve_grouped_matmul('auto', 'tpu') == 'megablox'
+  assert moe_lib.resolve_grouped_matmul('auto', 'cpu') == 'ragged_dot'
+  assert moe_lib.resolve_grouped_matmul('megablox', 'cpu') == 'megablox'
+  with pytest.raises(ValueError, match='grouped_matmul'):
+    moe_lib.resolve_grouped_matmul('dense', 'cpu')
+  with pytest.raises(ValueError, match='config.model.moe.grouped_matmul'):
+    moe_lib.grouped_matmul(jnp.ones((128, 2100)), jnp.ones((2, 2100, 128)),
+                           jnp.array([64, 64], jnp.int32), 'megablox_interpret')
+
+
+def test_moe_layer_megablox_interpret_matches_ragged_dot():
+  """The whole dropless layer (with its gradients) through megablox equals ragged_dot."""
+  def build(impl):
+    cfg = base.model_config('moe_tiny')
+    cfg.update(hidden_size=128, init_std=0.05, dtype='float32')
+    cfg.moe.update(num_experts=4, top_k=2, expert_ffn_size=96, dispatch='dropless',
+                   grouped_matmul=impl)
+    return moe_lib.MoE(cfg, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(1), (2, 24, 128), jnp.float32)
+  outs = []
+  for impl in ('ragged_dot', 'megablox_interpret'):
+    m = build(impl)
+    assert m.grouped_matmul == impl
+    def loss(m, x):
+      y = m(x)[0]
+      return jnp.sum(y ** 2), y
+    (l, y), (gm, gx) = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)(m, x)
+    outs.append((y, gx, gm.wi_gate[...], gm.wo[...]))
+  for a, b in zip(*outs):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)

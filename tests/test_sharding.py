@@ -22,6 +22,8 @@ from gated_attention import model as model_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = ('data_parallel', 'fsdp', 'fsdp_tensor', 'fsdp_expert')
 CASES = [f'{kind}:{rules}' for kind in ('dense', 'moe') for rules in PRESETS]
+# The MoE through the megablox grouped matmuls (Pallas interpreter) against the ragged_dot reference.
+GMM_CASES = [f'moegmm:{rules}' for rules in PRESETS]
 
 
 def _mesh_cfg(**sizes):
@@ -314,13 +316,13 @@ def eight_devices(tmp_path_factory):
   out = tmp_path_factory.mktemp('sharding') / 'results.json'
   env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
   proc = subprocess.run([sys.executable, os.path.join(REPO, 'tests', 'sharding_worker.py'),
-                         str(out), *CASES, 'restore'], cwd=REPO, env=env, capture_output=True,
+                         str(out), *CASES, *GMM_CASES, 'restore'], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-5000:]
   return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize('case', CASES)
+@pytest.mark.parametrize('case', CASES + GMM_CASES)
 def test_loss_and_gradients_match_one_device(eight_devices, case):
   r = eight_devices[case]
   assert r['loss'] == pytest.approx(r['ref_loss'], rel=1e-5)
