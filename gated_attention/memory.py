@@ -192,7 +192,7 @@ def report(config) -> dict:
   setup = train.Setup(config, mesh)
   tc = config.train
   batch_axes = sharding.mesh_axes_of('batch', setup.rules)
-  batch_shards = sharding.spec_size(setup.batch_sharding.spec, mesh_shape)
+  batch_shards = setup.batch_shards
   micro_batch = tc.batch_size // tc.grad_accum // batch_shards
 
   params = _sharded_bytes(setup.abstract_params)

@@ -168,10 +168,7 @@ class Setup:
         abstract_opt, self.opt_shardings)
     batch_axes = sharding.logical_to_spec(('batch',), self.rules)
     self.batch_sharding = NamedSharding(mesh, P(batch_axes[0], None))
-    batch_shards = 1
-    for a in (batch_axes[0] if isinstance(batch_axes[0], tuple) else (batch_axes[0],)):
-      batch_shards *= mesh.shape[a] if a else 1
-    self.batch_shards = batch_shards
+    self.batch_shards = batch_shards = sharding.spec_size(self.batch_sharding.spec, mesh.shape)
     for name, size in (('batch_size', cfg.train.batch_size),
                        ('batch_size / grad_accum', cfg.train.batch_size // cfg.train.grad_accum)):
       if size % batch_shards:

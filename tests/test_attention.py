@@ -10,6 +10,7 @@ from flax import nnx
 
 from gated_attention import attention
 from tests import reference as ref
+from tests.jax_helpers import perturb
 
 B, T = 2, 8
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -23,13 +24,6 @@ def _f64(a):
   return np.asarray(a, np.float64)
 
 
-def _perturb(module, seed, scale=0.1):
-  """Adds noise to every parameter (so ones/zeros-initialised ones are generic)."""
-  state = nnx.state(module, nnx.Param)
-  leaves, treedef = jax.tree_util.tree_flatten(state)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  leaves = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-  nnx.update(module, jax.tree_util.tree_unflatten(treedef, leaves))
 
 
 def _jitted(module):
@@ -144,7 +138,7 @@ def modules():
     if case not in cache:
       cfg = _module_cfg(case)
       attn = attention.Attention(cfg, rngs=nnx.Rngs(11))
-      _perturb(attn, seed=12)
+      perturb(attn, seed=12)
       both = _jitted(attn)
       x = _randn(13, (B, T, cfg.hidden_size))
       pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))

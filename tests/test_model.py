@@ -11,6 +11,7 @@ from flax import nnx
 
 from gated_attention import model
 from tests import reference as ref
+from tests.jax_helpers import perturb
 
 B, T = 2, 8
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -25,12 +26,6 @@ EXTRA_CASES = {
 CASES = {**{n: (n, {}) for n in DENSE_VARIANTS}, **EXTRA_CASES}
 
 
-def _perturb(module, seed, scale=0.1):
-  state = nnx.state(module, nnx.Param)
-  leaves, treedef = jax.tree_util.tree_flatten(state)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  leaves = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-  nnx.update(module, jax.tree_util.tree_unflatten(treedef, leaves))
 
 
 def _case_config(case):
@@ -49,7 +44,7 @@ class Built:
   def __init__(self, case, seed=0):
     self.cfg = _case_config(case)
     self.model = model.Transformer(self.cfg, rngs=nnx.Rngs(seed))
-    _perturb(self.model, seed + 1)
+    perturb(self.model, seed + 1)
     graphdef, self.state = nnx.split(self.model)
     self._fwd = jax.jit(lambda state, toks: nnx.merge(graphdef, state)(toks)[0])
     self._fwd_inspect = jax.jit(lambda state, toks: nnx.merge(graphdef, state)(toks, inspect=True))

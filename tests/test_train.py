@@ -30,12 +30,7 @@ OVERRIDES = {
 def tiny_config(variant='g1_elementwise', **extra):
   import importlib  # pylint: disable=g-import-not-at-top
   c = importlib.import_module(f'configs.{variant}').get_config('tiny')
-  for key, value in {**OVERRIDES, **extra}.items():
-    node = c
-    *parents, leaf = key.split('.')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  c.update_from_flattened_dict({**OVERRIDES, **extra})
   return c
 
 
