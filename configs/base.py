@@ -100,14 +100,8 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
   return m
 
 
-def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
-  scale = scale or 'tiny'
-  c = ml_collections.ConfigDict()
-  c.variant = 'baseline'
-  c.scale = scale
-  c.seed = 0
-  c.model = model_config(scale)
-  c.data = ml_collections.ConfigDict(dict(
+def data_config() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
       source='builtin',         # builtin | text | jsonl | arrayrecord | parquet | hf
       path='',                  # glob for text/jsonl/arrayrecord/parquet; dataset name for hf
       hf_config='',             # hf: dataset config name
@@ -120,7 +114,10 @@ def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
       shuffle_buffer=1024,
       worker_count=0,
   ))
-  c.train = ml_collections.ConfigDict(dict(
+
+
+def train_config() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
       steps=600,
       batch_size=16,            # global batch, in sequences
       grad_accum=1,             # micro-batches per step (batch_size must divide)
@@ -141,37 +138,62 @@ def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
       checkpoint_every=200,
       keep_checkpoints=3,
   ))
-  c.mesh = ml_collections.ConfigDict(dict(
-      data=-1, fsdp=1, tensor=1, expert=1,
-      dcn_data=1,               # slices/hosts split over the data axis (multi-slice)
-      rules='data_parallel',    # data_parallel | fsdp | fsdp_tensor | fsdp_expert
-  ))
-  c.analysis = ml_collections.ConfigDict(dict(  # --mode=analyze (gated_attention/analysis)
-      num_batches=0,            # held-out batches (0: data.val_batches)
-      batch_size=0,             # sequences per batch (0: train.batch_size)
-      attn_map_layers='',       # comma-separated layers for attention_maps.png ('': first, middle, last)
-      step=-1,                  # checkpoint step (-1: the latest)
-  ))
-  c.distributed = ml_collections.ConfigDict(dict(
-      coordinator_address='',   # empty: from the environment (or single process)
-      num_processes=0,
-      process_id=-1,
-      local_device_ids='',      # comma-separated local device ids of this process ('' = all)
-      initialization_timeout=300,  # seconds to wait for every process to join
-  ))
-  c.memory = ml_collections.ConfigDict(dict(
-      num_devices=0,            # --mode=memory: devices to plan the mesh for (0: those present)
-      device_memory_gib=0.0,    # --mode=memory: per-device memory to fit (0: the device's own)
-  ))
-  if scale in ('dense_1p7b_28l', 'dense_1p7b_48l', 'moe_15a2b'):
-    c.data.seq_len = 4096
-    c.data.tokenizer = ''       # must be set to Qwen's tokenizer.json for these scales
-    c.train.update(batch_size=1024, steps=100_000, warmup_steps=1000, loss_chunk_size=512,
-                   learning_rate=4e-3 if scale.startswith('dense') else 2e-3,
-                   min_learning_rate=3e-5, eval_every=1000, checkpoint_every=1000, log_every=10)
-    c.mesh.update(data=1, fsdp=-1, rules='fsdp')
-  if scale == 'moe_tiny':
-    c.mesh.update(rules='data_parallel')
+
+
+def system_configs() -> dict:
+  """The mesh, --mode=analyze, multi-host and --mode=memory sections."""
+  return dict(
+      mesh=ml_collections.ConfigDict(dict(
+          data=-1, fsdp=1, tensor=1, expert=1,
+          dcn_data=1,               # slices/hosts split over the data axis (multi-slice)
+          rules='data_parallel',    # data_parallel | fsdp | fsdp_tensor | fsdp_expert
+      )),
+      analysis=ml_collections.ConfigDict(dict(  # --mode=analyze (gated_attention/analysis)
+          num_batches=0,            # held-out batches (0: data.val_batches)
+          batch_size=0,             # sequences per batch (0: train.batch_size)
+          attn_map_layers='',       # comma-separated layers for attention_maps.png ('': first, middle, last)
+          step=-1,                  # checkpoint step (-1: the latest)
+      )),
+      distributed=ml_collections.ConfigDict(dict(
+          coordinator_address='',   # empty: from the environment (or single process)
+          num_processes=0,
+          process_id=-1,
+          local_device_ids='',      # comma-separated local device ids of this process ('' = all)
+          initialization_timeout=300,  # seconds to wait for every process to join
+      )),
+      memory=ml_collections.ConfigDict(dict(
+          num_devices=0,            # --mode=memory: devices to plan the mesh for (0: those present)
+          device_memory_gib=0.0,    # --mode=memory: per-device memory to fit (0: the device's own)
+      )),
+  )
+
+
+PAPER_SCALES = ('dense_1p7b_28l', 'dense_1p7b_48l', 'moe_15a2b')
+
+
+def _paper_recipe(c: ml_collections.ConfigDict):
+  """The paper's training recipe (Qiu et al. 2025, Sec. 3 / Appendix): 4096-token sequences,
+  batch 1024, 1k warm-up steps, cosine to 3e-5; FSDP over all devices."""
+  c.data.seq_len = 4096
+  c.data.tokenizer = ''         # must be set to Qwen's tokenizer.json for these scales
+  c.train.update(batch_size=1024, steps=100_000, warmup_steps=1000, loss_chunk_size=512,
+                 learning_rate=4e-3 if c.scale.startswith('dense') else 2e-3,
+                 min_learning_rate=3e-5, eval_every=1000, checkpoint_every=1000, log_every=10)
+  c.mesh.update(data=1, fsdp=-1, rules='fsdp')
+
+
+def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
+  scale = scale or 'tiny'
+  c = ml_collections.ConfigDict()
+  c.variant = 'baseline'
+  c.scale = scale
+  c.seed = 0
+  c.model = model_config(scale)
+  c.data = data_config()
+  c.train = train_config()
+  c.update(system_configs())
+  if scale in PAPER_SCALES:
+    _paper_recipe(c)
   return c
 
 
