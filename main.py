@@ -10,10 +10,14 @@ Any config field can be overridden: --config.train.steps=100 --config.model.num_
 """
 
 import json
+import os
 import sys
+import textwrap
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from gated_attention.errors import UserError
 
 config_flags.DEFINE_config_file('config', 'configs/g1_elementwise.py',
                                 'A config file, with the scale after a colon: '
@@ -29,12 +33,24 @@ FLAGS = flags.FLAGS
 def main(argv):
   if not FLAGS['verbosity'].present:  # orbax logs every save at INFO; -v 0 shows it again
     logging.set_verbosity(logging.WARNING)
-  config, rest = FLAGS.config, argv[1:]
+  try:
+    dispatch(FLAGS.config, argv[1:])
+  except UserError as e:  # a setting, file or run directory that cannot work: one paragraph
+    if FLAGS.verbosity >= 1 or os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    print('\n'.join(textwrap.fill(line, 100) for line in
+                    f'Error ({type(e).__name__}): {e}'.splitlines()), file=sys.stderr)
+    print('(--verbosity=1 or GATED_ATTENTION_TRACEBACK=1 shows the traceback.)', file=sys.stderr)
+    sys.exit(1)
+
+
+def dispatch(config, rest):
   if rest and FLAGS.mode != 'compare':
     sys.exit(f'Unexpected arguments {rest}; only --mode=compare takes run directories.')
   if FLAGS.mode == 'params':
     from gated_attention import model  # pylint: disable=g-import-not-at-top
-    print(json.dumps(model.param_report(config.model)))
+    from gated_attention.config import ModelConfig  # pylint: disable=g-import-not-at-top
+    print(json.dumps(model.param_report(ModelConfig.from_config(config.model))))
   elif FLAGS.mode == 'memory':
     from gated_attention import memory  # pylint: disable=g-import-not-at-top
     print(json.dumps(memory.report(config), indent=2))

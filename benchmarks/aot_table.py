@@ -77,7 +77,9 @@ def estimate_state_bytes(scale, n_chips):
   sys.path.insert(0, ROOT)
   from configs import base  # pylint: disable=g-import-not-at-top
   from gated_attention import model  # pylint: disable=g-import-not-at-top
-  return model.param_report(base.get_config(scale).model)['total'] * 16 / n_chips
+  from gated_attention.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  model_cfg = ModelConfig.from_config(base.get_config(scale).model)
+  return model.param_report(model_cfg)['total'] * 16 / n_chips
 
 
 def search(variant, scale, slices, cache, args, log):
@@ -144,7 +146,7 @@ that compiles but exceeds HBM is flagged too, with the program's largest arrays.
         --config.mesh.fsdp=4 --config.mesh.data=2    # any mesh; one axis may be -1
 
 Topology names are libtpu's: `v5p:2x2x1` (4 chips) ... `v5p:8x8x8`, `v5e:4x4` (`v5litepod:` is
-accepted), `v6e:2x2`, `v4:2x2x2`. Chip figures (`aot.CHIPS`, sources in the comments):
+accepted), `v6e:2x2`, `v4:2x2x2`. Chip figures (`gated_attention/chips.py`, sources in the comments):
 
 | chip | peak bf16 | HBM | HBM bandwidth |
 |---|---|---|---|
@@ -173,10 +175,10 @@ How to read the numbers:
 def write_doc(tables, attempts_by_row, cache, args):
   os.makedirs(os.path.dirname(DOC), exist_ok=True)
   sys.path.insert(0, ROOT)
-  from gated_attention import aot  # pylint: disable=g-import-not-at-top
+  from gated_attention import chips as chip_table  # pylint: disable=g-import-not-at-top
   chips_tbl = '\n'.join(f'| {k} | {v["peak_bf16_flops"] / 1e12:.0f} TFLOP/s | '
                         f'{v["hbm_bytes"] / 2**30:.0f} GiB | {v["hbm_bandwidth"] / 1e9:.0f} GB/s |'
-                        for k, v in aot.CHIPS.items())
+                        for k, v in chip_table.CHIPS.items())
   out = [DOC_HEAD.replace('{chips}', chips_tbl)]
   codes = sorted({cache[k].get('code', '?') for k in cache})
   for i, (title, rows) in enumerate(tables):

@@ -31,7 +31,7 @@ def main():
   _, devices = aot.topology_devices(a.topology)   # prepares libtpu, keeps the default backend CPU
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from gated_attention import moe  # pylint: disable=g-import-not-at-top
+  from gated_attention import grouped_matmul  # pylint: disable=g-import-not-at-top
 
   G, M, K, N = a.groups, a.rows, a.k, a.n
   sh = jax.sharding.SingleDeviceSharding(devices[0])
@@ -50,7 +50,7 @@ def main():
 
   for impl in ('ragged_dot', 'megablox'):
     def loss(x, w, gs, c, impl=impl):
-      return jnp.sum(moe.grouped_matmul(x, w, gs, impl).astype(jnp.float32) * c)
+      return jnp.sum(grouped_matmul.grouped_matmul(x, w, gs, impl).astype(jnp.float32) * c)
     r = {
         'forward': flops(loss),
         'grad_x': flops(jax.grad(loss, 0)),

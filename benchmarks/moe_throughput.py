@@ -53,7 +53,7 @@ def main():
       batch = setup.global_batch(batch)
       params, opt, m = setup.train_step(params, opt, batch)  # compile
       jax.block_until_ready(m)
-    report = model_lib.param_report(c.model)
+    report = model_lib.param_report(setup.model_cfg)
     runs[name] = dict(setup=setup, mesh=mesh, state=(params, opt), batch=batch, times=[],
                       tokens=c.train.batch_size * c.data.seq_len, total=report['total'],
                       active=report['active'])

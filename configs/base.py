@@ -140,6 +140,16 @@ def train_config() -> ml_collections.ConfigDict:
   ))
 
 
+def analysis_config() -> ml_collections.ConfigDict:
+  """--mode=analyze options (gated_attention/analysis/analyze.py)."""
+  return ml_collections.ConfigDict(dict(
+      num_batches=0,            # held-out batches (0: data.val_batches)
+      batch_size=0,             # sequences per batch (0: train.batch_size)
+      attn_map_layers='',       # comma-separated layers for attention_maps.png ('': first, middle, last)
+      step=-1,                  # checkpoint step (-1: the latest)
+  ))
+
+
 def system_configs() -> dict:
   """The mesh, --mode=analyze, multi-host and --mode=memory sections."""
   return dict(
@@ -148,12 +158,7 @@ def system_configs() -> dict:
           dcn_data=1,               # slices/hosts split over the data axis (multi-slice)
           rules='data_parallel',    # data_parallel | fsdp | fsdp_tensor | fsdp_expert
       )),
-      analysis=ml_collections.ConfigDict(dict(  # --mode=analyze (gated_attention/analysis)
-          num_batches=0,            # held-out batches (0: data.val_batches)
-          batch_size=0,             # sequences per batch (0: train.batch_size)
-          attn_map_layers='',       # comma-separated layers for attention_maps.png ('': first, middle, last)
-          step=-1,                  # checkpoint step (-1: the latest)
-      )),
+      analysis=analysis_config(),
       distributed=ml_collections.ConfigDict(dict(
           coordinator_address='',   # empty: from the environment (or single process)
           num_processes=0,

@@ -3,9 +3,10 @@
 Shapes: B batch, T sequence, D hidden, H query heads, K KV heads, G = H // K, d head_dim.
 Query head h uses KV head h // G (group-major), as jax.nn.dot_product_attention does.
 
-Training calls `jax.nn.dot_product_attention` (cuDNN flash attention on GPU). With
-`inspect=True` the probabilities are computed explicitly and summarised into `stats`:
-F-Attn per head, a head-averaged attention map, gate scores and SDPA sparsity.
+Training calls `jax.nn.dot_product_attention` (cuDNN flash attention on GPU). Viewed with
+`inspect=True` (model.inspect) the probabilities are computed explicitly and summarised with
+`sow`: F-Attn per head, a head-averaged attention map and the SDPA output's sparsity before and
+after the gate (Qiu et al. 2025, Sec. 4.2 and 4.3).
 """
 
 import jax
@@ -13,8 +14,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gated_attention import gating, sharding
-from gated_attention.layers import RMSNorm, param
+from gated_attention.layers import Inspectable, RMSNorm, param
 from gated_attention.rope import RoPE
+
+ATTN_MAP_LEN = 128  # the inspect path records attention maps of the first positions only
 
 
 def explicit_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd):
@@ -37,12 +40,11 @@ def sparsity(y: jax.Array) -> dict:
           'frac_below_1e-3': jnp.mean(a < 1e-3)}
 
 
-class Attention(nnx.Module):
+class Attention(Inspectable, nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
+    """`cfg`: a config.ModelConfig."""
     D, H, K, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    if H % K:
-      raise ValueError(f'config.model.num_heads={H} must be a multiple of num_kv_heads={K}.')
     std = cfg.init_std
     self.wq = param(rngs, (D, H, d), ('embed', 'heads', 'head_dim'), std)
     self.wk = param(rngs, (D, K, d), ('embed', 'kv_heads', 'head_dim'), std)
@@ -50,46 +52,42 @@ class Attention(nnx.Module):
     self.wo = param(rngs, (H, d, D), ('heads', 'head_dim', 'embed'), std)
     self.q_norm = RMSNorm(d, eps=cfg.norm_eps, axis_name='head_dim') if cfg.qk_norm else None
     self.k_norm = RMSNorm(d, eps=cfg.norm_eps, axis_name='head_dim') if cfg.qk_norm else None
-    self.rope = RoPE(d, cfg.rope_base, cfg.rope_scaling.to_dict()
-                     if hasattr(cfg.rope_scaling, 'to_dict') else cfg.rope_scaling)
-    spec = gating.GateSpec.from_config(cfg.gate)
-    if (cfg.qk_norm and spec.hook in ('q', 'k') and spec.granularity == 'headwise'
-        and spec.mode == 'multiplicative'):
-      raise ValueError('config.model.gate.granularity: a headwise multiplicative gate on the raw '
-                       'query/key '
-                       'projection is cancelled by the per-head QK-norm that follows it; set '
-                       'config.model.gate.after_qk_norm_rope=True or config.model.qk_norm=False.')
-    self.gate = gating.Gate(spec, hidden_size=D, num_heads=H, num_kv_heads=K, head_dim=d,
+    self.rope = RoPE(d, cfg.rope_base, cfg.rope_scaling)
+    self.gate = gating.Gate(cfg.gate, hidden_size=D, num_heads=H, num_kv_heads=K, head_dim=d,
                             init_std=std, rngs=rngs, norm_eps=cfg.norm_eps)
-    self.dtype = jnp.dtype(cfg.dtype)
+    self.dtype = cfg.compute_dtype
     self.impl = None if cfg.attention_impl == 'auto' else cfg.attention_impl
-    self.attn_map_len = 128
+    self.attn_map_len = ATTN_MAP_LEN
+    self.inspect = False
 
-  def __call__(self, x_BxTxD: jax.Array, positions_BxT: jax.Array, *,
-               inspect: bool = False) -> tuple[jax.Array, dict]:
+  def __call__(self, x_BxTxD: jax.Array, positions_BxT: jax.Array) -> jax.Array:
     dt, gate = self.dtype, self.gate
-    stats = {} if inspect else None
     q = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wq[...].astype(dt))
     k = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wk[...].astype(dt))
     v = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wv[...].astype(dt))
-    q, k, v = gate('q', q, x_BxTxD, stats), gate('k', k, x_BxTxD, stats), gate('v', v, x_BxTxD, stats)
+    q, k, v = gate('q', q, x_BxTxD), gate('k', k, x_BxTxD), gate('v', v, x_BxTxD)
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = self.rope.apply(q, positions_BxT), self.rope.apply(k, positions_BxT)
-    q, k = gate('q_rope', q, x_BxTxD, stats), gate('k_rope', k, x_BxTxD, stats)
+    q, k = gate('q_rope', q, x_BxTxD), gate('k_rope', k, x_BxTxD)
     q = sharding.constrain(q, ('batch', 'seq', 'act_heads', 'head_dim'))
 
-    if inspect:
-      y_BxTxHxd, probs_BxHxTxT = explicit_attention(q, k, v)
-      n = min(self.attn_map_len, probs_BxHxTxT.shape[-1])
-      stats['f_attn_H'] = jnp.mean(probs_BxHxTxT[:, :, 1:, 0], axis=(0, 2))  # queries 1..T-1
-      stats['attn_map'] = jnp.mean(probs_BxHxTxT[0, :, :n, :n], axis=0)
-      stats['sdpa_pre_gate'] = sparsity(y_BxTxHxd)
+    if self.inspect:
+      y_BxTxHxd = self._inspected_attention(q, k, v)
     else:
       y_BxTxHxd = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.impl)
-    y_BxTxHxd = gate('sdpa', y_BxTxHxd, x_BxTxD, stats)
-    if inspect:
-      stats['sdpa_post_gate'] = sparsity(y_BxTxHxd)
+    y_BxTxHxd = gate('sdpa', y_BxTxHxd, x_BxTxD)
+    if self.inspect:
+      self.sow(nnx.Intermediate, 'sdpa_post_gate', sparsity(y_BxTxHxd))
     out_BxTxD = jnp.einsum('bthk,hkd->btd', y_BxTxHxd, self.wo[...].astype(dt))
-    out_BxTxD = gate('out', out_BxTxD, x_BxTxD, stats)
-    return out_BxTxD, stats or {}
+    return gate('out', out_BxTxD, x_BxTxD)
+
+  def _inspected_attention(self, q, k, v) -> jax.Array:
+    """Explicit attention, sowing F-Attn per head (queries 1..T-1), the head-averaged map of
+    sample 0 and the SDPA output's sparsity before the gate."""
+    y_BxTxHxd, probs_BxHxTxT = explicit_attention(q, k, v)
+    n = min(self.attn_map_len, probs_BxHxTxT.shape[-1])
+    self.sow(nnx.Intermediate, 'f_attn_H', jnp.mean(probs_BxHxTxT[:, :, 1:, 0], axis=(0, 2)))
+    self.sow(nnx.Intermediate, 'attn_map', jnp.mean(probs_BxHxTxT[0, :, :n, :n], axis=0))
+    self.sow(nnx.Intermediate, 'sdpa_pre_gate', sparsity(y_BxTxHxd))
+    return y_BxTxHxd

@@ -25,8 +25,7 @@ import os
 
 import jax
 
-_TPU_ENV = ('TPU_WORKER_HOSTNAMES', 'MEGASCALE_COORDINATOR_ADDRESS')
-
+from gated_attention.errors import ConfigError
 
 def _int_env(name: str) -> int | None:
   value = os.environ.get(name, '')
@@ -68,7 +67,7 @@ def initialize(dist_cfg) -> bool:
   kwargs = {}
   if dist_cfg.coordinator_address:
     if dist_cfg.num_processes <= 0 or dist_cfg.process_id < 0:
-      raise ValueError('config.distributed.coordinator_address is set: also set '
+      raise ConfigError('config.distributed.coordinator_address is set: also set '
                        'config.distributed.num_processes and config.distributed.process_id.')
     kwargs.update(coordinator_address=dist_cfg.coordinator_address,
                   num_processes=int(dist_cfg.num_processes), process_id=int(dist_cfg.process_id))

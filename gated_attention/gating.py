@@ -3,9 +3,11 @@
     Y' = Y * act(X W)        (multiplicative)       Y' = Y + act(X W)   (additive)
 
 X is the block's normalised input (the tensor that feeds Q, K, V); the gate is computed from it
-in float32. Attention calls `gate(hook, y, x)` at each of its hook points; only the hook that the
-spec resolves to acts, every other call returns `y` unchanged. So attention.py has no branches
-on the variant, and each variant is a few lines of config (see configs/).
+in float32 (Qiu et al. 2025, Sec. 2.2, Eq. 5). Attention calls `gate(hook, y, x)` at each of its
+hook points; only the hook that the spec resolves to acts, every other call returns `y`
+unchanged, so attention.py calls the gate the same way for every variant and each variant is a
+few lines of config (see configs/). With `inspect` set (model.inspect), the gate records its
+scores' summary with `sow`.
 
 Hooks (where attention calls the gate) and the tensors they see:
   'q', 'q_rope'  query projection, before / after QK-norm and RoPE   [B, T, H, d]   (G4)
@@ -24,10 +26,14 @@ The gate has no bias (the authors widen a bias-free q_proj).
 """
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from gated_attention.errors import ConfigError
+from gated_attention.layers import Inspectable
 
 POSITIONS = ('none', 'g1', 'g2', 'g3', 'g4', 'g5')
 KINDS = ('gate', 'rmsnorm', 'silu_noparam')
@@ -54,21 +60,22 @@ class GateSpec:
   input_dependent: bool = True
   after_qk_norm_rope: bool = False
 
+  def __post_init__(self):
+    self.validate()
+
   @classmethod
   def from_config(cls, gate_cfg) -> 'GateSpec':
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(dict(gate_cfg)) - fields)
     if unknown:
-      raise ValueError(f'config.model.gate has unknown field(s) {unknown}; known: '
-                       f'{", ".join(sorted(fields))}.')
-    spec = cls(**dict(gate_cfg))
-    spec.validate()
-    return spec
+      raise ConfigError(f'config.model.gate has unknown field(s) {unknown}; known: '
+                        f'{", ".join(sorted(fields))}.')
+    return cls(**dict(gate_cfg))
 
   def validate(self):
-    """Rejects meaningless combinations, naming the config field."""
+    """Rejects meaningless combinations, naming the config field (runs on construction)."""
     def bad(field, msg):
-      raise ValueError(f'config.model.gate.{field}: {msg}')
+      raise ConfigError(f'config.model.gate.{field}: {msg}')
     choices = dict(position=POSITIONS, kind=KINDS, granularity=('elementwise', 'headwise'),
                    shared_reduce=('score', 'logit'), mode=('multiplicative', 'additive'),
                    activation=tuple(ACTIVATIONS))
@@ -87,6 +94,40 @@ class GateSpec:
     if self.after_qk_norm_rope and self.position not in ('g3', 'g4'):
       bad('after_qk_norm_rope', 'only G3 (keys) and G4 (queries) pass through QK-norm and '
           f'RoPE; set it to False for {self.position!r}.')
+
+  def check_model(self, *, qk_norm: bool):
+    """Rejects a gate that the rest of the model cancels: a headwise multiplicative gate on the
+    raw query/key projection is undone by the per-head QK-norm that follows it."""
+    if (qk_norm and self.hook in ('q', 'k') and self.granularity == 'headwise'
+        and self.mode == 'multiplicative'):
+      raise ConfigError('config.model.gate.granularity: a headwise multiplicative gate on the raw '
+                        'query/key projection is cancelled by the per-head QK-norm that follows '
+                        'it; set config.model.gate.after_qk_norm_rope=True or '
+                        'config.model.qk_norm=False.')
+
+  def param_shape(self, *, hidden_size: int, num_heads: int, num_kv_heads: int,
+                  head_dim: int) -> tuple[str, tuple, tuple] | None:
+    """(name, shape, logical axes) of the gate's one parameter, or None when it has none."""
+    if not self.has_params:
+      return None
+    head_axis = _SITES[self.position][1]
+    if head_axis is None:                                   # G5: [D]
+      shape, axes = (hidden_size,), ('gate_out',)
+    else:
+      n = num_heads if head_axis == 'heads' else num_kv_heads
+      shape, axes = (n, head_dim), (head_axis, 'head_dim')
+    if self.kind == 'rmsnorm':                              # per-head RMSNorm with a learned scale
+      return 'scale', shape, axes
+    if self.granularity == 'headwise':                      # one scalar per head
+      shape, axes = shape[:1], axes[:1]
+    if self.input_dependent:
+      return 'kernel', (hidden_size, *shape), ('embed', *axes)
+    return 'bias', shape, axes                              # zero-initialised: sigmoid(0) = 0.5
+
+  def num_params(self, **dims) -> int:
+    """Parameters of one layer's gate (dims as for `param_shape`)."""
+    p = self.param_shape(**dims)
+    return 0 if p is None else math.prod(p[1])
 
   @property
   def hook(self) -> str | None:
@@ -113,31 +154,25 @@ def summarize_scores(s: jax.Array, activation: str) -> dict:
           'hist': hist.astype(jnp.float32) / s.size}
 
 
-class Gate(nnx.Module):
+class Gate(Inspectable, nnx.Module):
   """One gate (or G1 non-linearity ablation) at the hook its spec names."""
 
   def __init__(self, spec: GateSpec, *, hidden_size: int, num_heads: int, num_kv_heads: int,
                head_dim: int, init_std: float, rngs: nnx.Rngs, norm_eps: float = 1e-6):
     self.spec = spec
     self.norm_eps = norm_eps
-    if spec.position == 'none' or spec.kind == 'silu_noparam':
+    self.inspect = False
+    p = spec.param_shape(hidden_size=hidden_size, num_heads=num_heads,
+                         num_kv_heads=num_kv_heads, head_dim=head_dim)
+    if p is None:
       return
-    head_axis = _SITES[spec.position][1]
-    if head_axis is None:                                   # G5: [D]
-      shape, axes = (hidden_size,), ('gate_out',)
-    else:
-      n = num_heads if head_axis == 'heads' else num_kv_heads
-      shape, axes = (n, head_dim), (head_axis, 'head_dim')
-    if spec.kind == 'rmsnorm':                              # per-head RMSNorm with a learned scale
-      self.scale = nnx.Param(jnp.ones(shape, jnp.float32), logical_axes=axes)
-      return
-    if spec.granularity == 'headwise':                      # one scalar per head
-      shape, axes = shape[:1], axes[:1]
-    if spec.input_dependent:
-      w = init_std * jax.random.truncated_normal(rngs.params(), -2, 2, (hidden_size, *shape))
-      self.kernel = nnx.Param(w.astype(jnp.float32), logical_axes=('embed', *axes))
-    else:                                                   # zero-initialised: sigmoid starts at 0.5
-      self.bias = nnx.Param(jnp.zeros(shape, jnp.float32), logical_axes=axes)
+    name, shape, axes = p
+    if name == 'kernel':
+      w = init_std * jax.random.truncated_normal(rngs.params(), -2, 2, shape)
+      self.kernel = nnx.Param(w.astype(jnp.float32), logical_axes=axes)
+    else:                                                   # rmsnorm scale: ones; bias: zeros
+      init = jnp.ones if name == 'scale' else jnp.zeros
+      setattr(self, name, nnx.Param(init(shape, jnp.float32), logical_axes=axes))
 
   def scores(self, x_BxTxD: jax.Array) -> jax.Array:
     """act(XW) in float32, shaped to broadcast against the gated tensor."""
@@ -155,9 +190,8 @@ class Gate(nnx.Module):
       return act(jnp.mean(logits, axis=2, keepdims=True))
     return jnp.mean(act(logits), axis=2, keepdims=True)
 
-  def __call__(self, hook: str, y: jax.Array, x_BxTxD: jax.Array,
-               stats: dict | None = None) -> jax.Array:
-    """Gates `y` if `hook` is this gate's site; records the scores in `stats` when given."""
+  def __call__(self, hook: str, y: jax.Array, x_BxTxD: jax.Array) -> jax.Array:
+    """Gates `y` if `hook` is this gate's site (with `inspect`, sows the scores' summary)."""
     spec = self.spec
     if hook != spec.hook:
       return y
@@ -168,7 +202,7 @@ class Gate(nnx.Module):
       ms = jnp.mean(jnp.square(y32), axis=-1, keepdims=True)
       return (y32 * jax.lax.rsqrt(ms + self.norm_eps) * self.scale[...]).astype(y.dtype)
     s = self.scores(x_BxTxD)
-    if stats is not None:
-      stats['gate'] = summarize_scores(s, spec.activation)
+    if self.inspect:
+      self.sow(nnx.Intermediate, 'gate', summarize_scores(s, spec.activation))
     out = y32 * s if spec.mode == 'multiplicative' else y32 + s
     return out.astype(y.dtype)

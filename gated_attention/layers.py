@@ -27,7 +27,11 @@ class RMSNorm(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """SwiGLU feed-forward: (silu(x W_gate) * x W_up) W_down."""
+  """SwiGLU feed-forward: (silu(x W_gate) * x W_up) W_down.
+
+  The FFN interface of model.py (shared with moe.MoE): `mlp(x, pooled) -> (y, aux)`, and
+  `reduce_aux`, `pooled_stats`, `inactive_params`; a dense FFN has no auxiliary outputs.
+  """
 
   def __init__(self, dim: int, ffn: int, *, std: float, dtype, rngs: nnx.Rngs):
     self.wi_gate = param(rngs, (dim, ffn), ('embed', 'mlp'), std)
@@ -35,12 +39,45 @@ class MLP(nnx.Module):
     self.wo = param(rngs, (ffn, dim), ('mlp', 'embed'), std)
     self.dtype = dtype
 
-  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+  def __call__(self, x_BxTxD: jax.Array, pooled=None) -> tuple[jax.Array, dict]:
+    del pooled
     dt = self.dtype
     g_BxTxF = jnp.einsum('btd,df->btf', x_BxTxD, self.wi_gate[...].astype(dt))
     u_BxTxF = jnp.einsum('btd,df->btf', x_BxTxD, self.wi_up[...].astype(dt))
     h_BxTxF = sharding.constrain(jax.nn.silu(g_BxTxF) * u_BxTxF, ('batch', 'seq', 'mlp'))
-    return jnp.einsum('btf,fd->btd', h_BxTxF, self.wo[...].astype(dt))
+    return jnp.einsum('btf,fd->btd', h_BxTxF, self.wo[...].astype(dt)), {}
+
+  def reduce_aux(self, aux_L: dict) -> tuple[float, dict]:
+    del aux_L
+    return 0.0, {}
+
+  def pooled_stats(self, aux_L: dict):
+    del aux_L
+
+  def inactive_params(self) -> int:
+    return 0
+
+
+class Inspectable:
+  """A module that records analysis statistics with `sow` when viewed with `inspect=True`
+  (see `capture_stats`); set `self.inspect = False` in `__init__`."""
+
+  def set_view(self, inspect: bool | None = None):
+    if inspect is not None:
+      self.inspect = inspect
+
+
+def capture_stats(module: nnx.Module, *args) -> tuple:
+  """(module(*args), {name: statistic}) with every Inspectable inside viewed with
+  `inspect=True`: what they `sow` is collected by name (inside `nnx.scan`, stacked per layer)."""
+  view = nnx.view(module, inspect=True)
+  out, sown = nnx.capture(view, nnx.Intermediate)(*args)
+  stats = {}
+  for path, value in nnx.to_flat_state(sown):
+    if path[-1] in stats:
+      raise ValueError(f'Two modules sow the statistic {path[-1]!r}.')
+    stats[path[-1]] = (value.get_value() if isinstance(value, nnx.Variable) else value)[0]
+  return out, stats
 
 
 class Embed(nnx.Module):

@@ -1,5 +1,14 @@
-"""The training loop: data, init or resume, steps, evaluation, metrics, checkpoints, signals."""
+"""The training loop: data, init or resume, steps, evaluation, metrics, checkpoints, signals.
 
+    loop.run(config, workdir)      # main.py --mode=train
+
+One step: the next batch of the data iterator -> train.Setup.train_step (jit) -> every
+`log_every` steps the metrics (metrics.jsonl, TensorBoard, the progress line), every
+`eval_every` steps evaluate.evaluate on the held-out batches, and orbax's cadence for
+checkpoints (checkpoint.Checkpointer). SIGTERM / Ctrl-C save a checkpoint and stop.
+"""
+
+import dataclasses
 import json
 import math
 import os
@@ -11,11 +20,13 @@ import jax
 import numpy as np
 
 import input_pipeline
-from gated_attention import aot
 from gated_attention import checkpoint as ckpt_lib
+from gated_attention import chips
+from gated_attention import evaluate as eval_lib
 from gated_attention import model as model_lib
 from gated_attention import sharding
 from gated_attention import train as train_lib
+from gated_attention.errors import ConfigError
 
 
 class MetricsWriter:
@@ -97,42 +108,6 @@ class Progress:
       self.bar.close()
 
 
-def evaluate(setup, params, data) -> dict:
-  """Validation loss and perplexity over the held-out batches, plus the analysis metrics
-  (mean gate score, per-layer F-Attn and M-Act) of the first rows of the first batch.
-
-  The analysis step materialises attention probabilities [B, H, T, T] for one layer at a time,
-  so it sees only `train.inspect_batch_size` sequences (rounded up to one per data shard).
-  """
-  loss_sum = tokens = 0.0
-  batches = data.val_batches()
-  with jax.set_mesh(setup.mesh):
-    for local in batches:
-      out = jax.device_get(setup.eval_step(params, setup.global_batch(local)))
-      loss_sum += float(out['loss_sum'])
-      tokens += float(out['tokens'])
-    shards, local_rows = setup.batch_shards, len(batches[0]['inputs'])
-    rows = -(-setup.cfg.train.inspect_batch_size // shards) * shards // jax.process_count()
-    rows = min(max(rows, 1), local_rows)
-    first = setup.global_batch({k: v[:rows] for k, v in batches[0].items()})
-    aux = jax.device_get(setup.inspect_step(params, first))
-  loss = loss_sum / max(tokens, 1.0)
-  metrics = {'loss': loss, 'ppl': math.exp(min(loss, 50.0))}
-  metrics.update(summarize_inspection(aux))
-  return metrics
-
-
-def summarize_inspection(aux) -> dict:
-  f_attn_L = np.mean(aux['f_attn_H'], axis=-1)
-  m_act_L = np.asarray(aux['m_act']['ffn_residual']['max'])
-  out = {'f_attn': f_attn_L, 'f_attn_mean': float(np.mean(f_attn_L)),
-         'm_act': m_act_L, 'm_act_mean': float(np.mean(m_act_L))}
-  if 'gate' in aux:
-    out['gate_score'] = aux['gate']['mean']
-    out['gate_score_mean'] = float(np.mean(aux['gate']['mean']))
-  return out
-
-
 class _Interrupt:
   """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and exits cleanly."""
 
@@ -150,91 +125,163 @@ class _Interrupt:
       signal.signal(s, h)
 
 
-def run(config, workdir: str) -> dict:
-  """Trains config in workdir (resuming from its latest checkpoint); returns final val metrics."""
+def evaluate(setup, params, data) -> dict:
+  """The validation row: loss and perplexity over the held-out batches, and the analysis
+  metrics (F-Attn, M-Act, gate score) of `train.inspect_batch_size` rows of the first batch."""
+  result = eval_lib.evaluate(setup, params, data.val_batches(),
+                             inspect_rows=setup.cfg.train.inspect_batch_size)
+  return eval_lib.summary(result)
+
+
+def check_loop_config(config):
   tc = config.train
-  if tc.steps <= 0:
-    raise ValueError(f'config.train.steps={tc.steps} must be positive.')
+  for name in ('steps', 'log_every', 'eval_every', 'checkpoint_every'):
+    if tc[name] <= 0:
+      raise ConfigError(f'config.train.{name}={tc[name]} must be positive.')
+
+
+@dataclasses.dataclass
+class _Run:
+  """What one training run holds while it trains."""
+  config: object
+  workdir: str
+  data: object
+  setup: train_lib.Setup
+  checkpointer: ckpt_lib.Checkpointer
+  writer: MetricsWriter
+  step: int = 0
+  params: object = None
+  opt_state: object = None
+
+  def save(self):
+    self.checkpointer.save(self.step, {'params': self.params, 'opt_state': self.opt_state},
+                           self.data.train_iter)
+
+
+def _start(config, workdir: str) -> _Run:
+  """Data, mesh, compiled steps; the state from scratch or from the latest checkpoint."""
+  tc = config.train
+  check_loop_config(config)
   data = input_pipeline.build_data(
       config.data, global_batch_size=tc.batch_size, seed=config.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
   if data.tokenizer.vocab_size > config.model.vocab_size:
-    raise ValueError(f'The tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} '
-                     f'tokens but config.model.vocab_size={config.model.vocab_size}; raise '
-                     'config.model.vocab_size to at least the tokenizer size.')
-  mesh = sharding.build_mesh(config.mesh)
-  setup = train_lib.Setup(config, mesh)
-  checkpointer = ckpt_lib.Checkpointer(workdir, config, keep=tc.keep_checkpoints,
-                                       every=tc.checkpoint_every)
-  writer = MetricsWriter(workdir)
-  step = checkpointer.latest_step()
+    raise ConfigError(f'The tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} '
+                      f'tokens but config.model.vocab_size={config.model.vocab_size}; raise '
+                      'config.model.vocab_size to at least the tokenizer size.')
+  setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
+  ckpt_lib.check_or_write_config(workdir, config)
+  run = _Run(config, workdir, data, setup,
+             ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
+                                   keep=tc.keep_checkpoints),
+             MetricsWriter(workdir))
+  step = run.checkpointer.latest_step()
   if step is None:
-    step = 0
-    params, opt_state = setup.init(config.seed)
+    run.params, run.opt_state = setup.init(config.seed)
   else:
-    restored = checkpointer.restore(
+    restored = run.checkpointer.restore(
         step, {'params': setup.abstract_params, 'opt_state': setup.abstract_opt},
         data.train_iter)
-    params, opt_state = restored['params'], restored['opt_state']
-  report = model_lib.param_report(config.model)
-  flops_per_token = model_lib.train_flops_per_token(config.model, config.data.seq_len)
-  chip = aot.chip_spec(jax.devices()[0].device_kind)  # peak FLOP/s for MFU (known TPUs only)
-  progress = Progress(step, tc.steps)
-  progress.write(
-      f'{config.variant} ({config.scale}): {report["total"]:,} parameters '
-      f'({report["active"]:,} active), mesh {dict(mesh.shape)}, '
-      f'{"resuming at step " + str(step) if step else "starting"} in {workdir}; data: '
-      f'{json.dumps(data.describe())}')
+    run.step, run.params, run.opt_state = step, restored['params'], restored['opt_state']
+  return run
 
-  interrupt = _Interrupt()
-  tokens_per_step = tc.batch_size * config.data.seq_len
-  val_metrics = None
-  t_last, steps_since, last_saved = time.time(), 0, step
-  try:
-    with jax.set_mesh(mesh):
-      while step < tc.steps and interrupt.signal is None:
-        batch = setup.global_batch(next(data.train_iter))
-        params, opt_state, metrics = setup.train_step(params, opt_state, batch)
-        step += 1
-        steps_since += 1
-        if step % tc.log_every == 0 or step == tc.steps:
-          metrics = jax.device_get(metrics)
-          dt = (time.time() - t_last) / steps_since
-          metrics.update(learning_rate=float(train_lib.learning_rate_schedule(tc)(step - 1)),
-                         step_time=dt, tokens_per_sec=tokens_per_step / dt,
-                         tflops_per_sec_per_device=flops_per_token * tokens_per_step / dt
-                         / 1e12 / jax.device_count())
-          if chip:
-            metrics['mfu'] = (metrics['tflops_per_sec_per_device'] * 1e12
-                              / chip['peak_bf16_flops'])
-          if not math.isfinite(float(metrics['loss'])):
-            raise FloatingPointError(f'Loss is {metrics["loss"]} at step {step}: training '
-                                     'diverged (lower --config.train.learning_rate).')
-          writer.write(step, 'train', metrics)
-          progress.update(step, f'loss {float(metrics["loss"]):.4f}')
-          t_last, steps_since = time.time(), 0
-        else:
-          progress.update(step, None)
-        if step % tc.eval_every == 0 or step == tc.steps:
-          val_metrics = evaluate(setup, params, data)
-          writer.write(step, 'val', val_metrics)
-          progress.write(f'step {step}: val loss {val_metrics["loss"]:.4f} '
-                         f'ppl {val_metrics["ppl"]:.2f} F-Attn {val_metrics["f_attn_mean"]:.3f}'
-                         f' M-Act {val_metrics["m_act_mean"]:.1f}')
-          t_last, steps_since = time.time(), 0
-        if step % tc.checkpoint_every == 0 or step == tc.steps:
-          checkpointer.save(step, {'params': params, 'opt_state': opt_state}, data.train_iter,
-                            force=True)
-          last_saved = step
+
+class _Throughput:
+  """Step time, tokens/s, achieved TFLOP/s per device and (on known TPU chips) MFU."""
+
+  def __init__(self, config, model_cfg):
+    self.tokens_per_step = config.train.batch_size * config.data.seq_len
+    self.flops_per_token = model_lib.train_flops_per_token(model_cfg, config.data.seq_len)
+    self.chip = chips.chip_spec(jax.devices()[0].device_kind)
+    self.t_last, self.steps = time.time(), 0
+
+  def tick(self):
+    self.steps += 1
+
+  def reset(self):
+    self.t_last, self.steps = time.time(), 0
+
+  def metrics(self) -> dict:
+    dt = (time.time() - self.t_last) / max(self.steps, 1)
+    tflops = self.flops_per_token * self.tokens_per_step / dt / 1e12 / jax.device_count()
+    out = dict(step_time=dt, tokens_per_sec=self.tokens_per_step / dt,
+               tflops_per_sec_per_device=tflops)
+    if self.chip:
+      out['mfu'] = tflops * 1e12 / self.chip['peak_bf16_flops']
+    return out
+
+
+def _log_train(run: _Run, metrics, throughput: _Throughput, progress: Progress):
+  tc = run.config.train
+  metrics = jax.device_get(metrics)
+  metrics.update(learning_rate=float(train_lib.learning_rate_schedule(tc)(run.step - 1)),
+                 **throughput.metrics())
+  if not math.isfinite(float(metrics['loss'])):
+    raise FloatingPointError(f'Loss is {metrics["loss"]} at step {run.step}: training '
+                             'diverged (lower --config.train.learning_rate).')
+  run.writer.write(run.step, 'train', metrics)
+  progress.update(run.step, f'loss {float(metrics["loss"]):.4f}')
+  throughput.reset()
+
+
+def _evaluate_and_log(run: _Run, progress: Progress) -> dict:
+  val = evaluate(run.setup, run.params, run.data)
+  run.writer.write(run.step, 'val', val)
+  progress.write(f'step {run.step}: val loss {val["loss"]:.4f} ppl {val["ppl"]:.2f} '
+                 f'F-Attn {val["f_attn_mean"]:.3f} M-Act {val["m_act_mean"]:.1f}')
+  return val
+
+
+def _describe(run: _Run) -> str:
+  config = run.config
+  report = model_lib.param_report(run.setup.model_cfg)
+  return (f'{config.variant} ({config.scale}): {report["total"]:,} parameters '
+          f'({report["active"]:,} active), mesh {dict(run.setup.mesh.shape)}, '
+          f'{"resuming at step " + str(run.step) if run.step else "starting"} in {run.workdir}; '
+          f'data: {json.dumps(run.data.describe())}')
+
+
+def _train(run: _Run, interrupt: _Interrupt, progress: Progress) -> dict:
+  """Steps until the end or a signal; returns the last validation row."""
+  tc, setup = run.config.train, run.setup
+  throughput = _Throughput(run.config, setup.model_cfg)
+  val, last_saved = None, run.step
+  with jax.set_mesh(setup.mesh):
+    while run.step < tc.steps and interrupt.signal is None:
+      batch = setup.global_batch(next(run.data.train_iter))
+      run.params, run.opt_state, metrics = setup.train_step(run.params, run.opt_state, batch)
+      run.step += 1
+      throughput.tick()
+      last = run.step == tc.steps
+      if run.step % tc.log_every == 0 or last:
+        _log_train(run, metrics, throughput, progress)
+      else:
+        progress.update(run.step, None)
+      if run.step % tc.eval_every == 0 or last:
+        val = _evaluate_and_log(run, progress)
+        throughput.reset()
+      if run.checkpointer.should_save(run.step) or last:
+        run.save()
+        last_saved = run.step
     if interrupt.signal is not None:
-      if last_saved != step:
-        checkpointer.save(step, {'params': params, 'opt_state': opt_state}, data.train_iter,
-                          force=True)
-      progress.write(f'Interrupted (signal {interrupt.signal}) at step {step}: checkpoint saved;'
-                     ' run the same command again to resume.')
+      if last_saved != run.step:
+        run.save()
+      progress.write(f'Interrupted (signal {interrupt.signal}) at step {run.step}: checkpoint '
+                     'saved; run the same command again to resume.')
+  return val
+
+
+def run(config, workdir: str) -> dict:
+  """Trains config in workdir (resuming from its latest checkpoint); returns final val metrics."""
+  state = _start(config, workdir)
+  progress = Progress(state.step, config.train.steps)
+  progress.write(_describe(state))
+  interrupt = _Interrupt()
+  try:
+    val = _train(state, interrupt, progress)
   finally:
     interrupt.restore()
-    checkpointer.close()
+    state.checkpointer.close()
     progress.close()
-    writer.close()
-  return val_metrics or {}
+    state.writer.close()
+  return val or {}

@@ -28,6 +28,7 @@ compiled program, communication buffers; keep ~10-20% headroom. For a compiler-e
 a TPU topology use --mode=compile.
 """
 
+import dataclasses
 import math
 
 import jax
@@ -52,39 +53,37 @@ def _entry(n: float) -> dict:
   return {'bytes': int(n), 'gib': round(n / GIB, 3)}
 
 
-def _saved(config, num_layers: int, remat: str, batch: int) -> list:
+def _saved(config, model_cfg, num_layers: int, remat: str, batch: int) -> list:
   """[(aval, what)] the loss's forward pass saves for the backward, on `batch` sequences
   (the parameters and the batch themselves excluded)."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
+  # JAX has no public API that returns the saved residuals (jax.ad_checkpoint only prints them).
   from jax._src import ad_checkpoint  # pylint: disable=g-import-not-at-top
   from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
   from gated_attention import train  # pylint: disable=g-import-not-at-top
 
-  cfg = config.copy_and_resolve_references()
-  with cfg.unlocked():
-    cfg.model.num_layers = num_layers
-    cfg.model.remat = remat
-  graphdef, state = nnx.split(model_lib.abstract_model(cfg.model))
+  model_cfg = dataclasses.replace(model_cfg, num_layers=num_layers, remat=remat)
+  graphdef, state = nnx.split(model_lib.abstract_model(model_cfg))
   params = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), nnx.to_pure_dict(state))
-  T = cfg.data.seq_len
+  T = config.data.seq_len
   tokens = jax.ShapeDtypeStruct((batch, T), jnp.int32)
   mask = jax.ShapeDtypeStruct((batch, T), jnp.float32)
 
   def loss(p, inputs, targets, loss_mask):
     b = {'inputs': inputs, 'targets': targets, 'loss_mask': loss_mask}
-    return train.loss_fn(p, graphdef, b, cfg)[0]
+    return train.loss_fn(p, graphdef, b, config.train)[0]
 
   saved = ad_checkpoint.saved_residuals(loss, params, tokens, tokens, mask)
   return [(a, w.split(' from ')[0]) for a, w in saved if not w.startswith('from the argument')]
 
 
-def _residual_bytes(config, num_layers, remat, credit) -> tuple[float, float, list]:
+def _residual_bytes(config, model_cfg, num_layers, remat, credit) -> tuple[float, float, list]:
   """(bytes independent of the batch, bytes per sequence, largest rows at 2 sequences), per
   device. Residuals whose shape changes with the batch are activations (credited for tensor and
   expert parallelism); the others are weight copies (e.g. compute-dtype casts), counted sharded
   like the parameters."""
-  one = _saved(config, num_layers, remat, 1)
-  two = _saved(config, num_layers, remat, 2)
+  one = _saved(config, model_cfg, num_layers, remat, 1)
+  two = _saved(config, model_cfg, num_layers, remat, 2)
   if len(one) != len(two):
     raise RuntimeError('memory: the traced programs for 1 and 2 sequences differ.')
   fixed = per_seq = 0.0
@@ -106,17 +105,17 @@ class _Activations:
   """Saved residuals and the recompute peak as exact bilinear functions of the per-device
   micro-batch and the layer count (traced at 1 and 2 of each: the layers are a scan)."""
 
-  def __init__(self, config, remat: str, credit):
-    self.remat, L = remat, config.model.num_layers
-    f1, s1, _ = _residual_bytes(config, 1, remat, credit)
-    f2, s2, self.largest = _residual_bytes(config, 2, remat, credit)
+  def __init__(self, config, model_cfg, remat: str, credit):
+    self.remat, L = remat, model_cfg.num_layers
+    f1, s1, _ = _residual_bytes(config, model_cfg, 1, remat, credit)
+    f2, s2, self.largest = _residual_bytes(config, model_cfg, 2, remat, credit)
     self.fixed = f1 + (L - 1) * (f2 - f1)
     self.per_seq = s1 + (L - 1) * (s2 - s1)
     self.layer_fixed, self.layer_per_seq = f2 - f1, s2 - s1
     self.re_fixed = self.re_per_seq = 0.0
     if remat != 'none':  # the layer being differentiated holds all its intermediates
-      g1, t1, _ = _residual_bytes(config, 1, 'none', credit)
-      g2, t2, _ = _residual_bytes(config, 2, 'none', credit)
+      g1, t1, _ = _residual_bytes(config, model_cfg, 1, 'none', credit)
+      g2, t2, _ = _residual_bytes(config, model_cfg, 2, 'none', credit)
       self.re_fixed, self.re_per_seq = g2 - g1, t2 - t1
 
   def peak(self, batch: int) -> float:
@@ -180,28 +179,13 @@ def _device_memory_bytes(config) -> tuple[float | None, str]:
   return None, 'unknown: set --config.memory.device_memory_gib'
 
 
-def report(config) -> dict:
-  """Per-device bytes (and GiB) of parameters, optimizer state, gradients and activations."""
+def _fsdp_transient(setup, mesh_shape) -> int:
+  """One layer's weights made whole along their 'embed' (FSDP) dimension, in the compute dtype
+  for the forward and backward, plus that layer's float32 gradient before it is
+  reduce-scattered; 0 when nothing is FSDP-sharded."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
-  from gated_attention import train  # pylint: disable=g-import-not-at-top
-
-  num_devices = int(config.memory.get('num_devices', 0) or 0) or jax.device_count()
-  mesh = sharding.abstract_mesh(config.mesh, num_devices)
-  mesh_shape = dict(mesh.shape)
-  setup = train.Setup(config, mesh)
-  tc = config.train
-  batch_axes = sharding.mesh_axes_of('batch', setup.rules)
-  batch_shards = setup.batch_shards
-  micro_batch = tc.batch_size // tc.grad_accum // batch_shards
-
-  params = _sharded_bytes(setup.abstract_params)
-  opt = _sharded_bytes(setup.abstract_opt)
-  grads = params * (2 if tc.grad_accum > 1 else 1)
-
-  # FSDP transient: one layer's weights made whole along their 'embed' (FSDP) dimension.
-  _, state = nnx.split(model_lib.abstract_model(config.model))
-  dt = jnp.dtype(config.model.dtype).itemsize
+  _, state = nnx.split(model_lib.abstract_model(setup.model_cfg))
   layer_whole, gathered = 0, False
   for path, v in jax.tree_util.tree_leaves_with_path(
       state, is_leaf=lambda v: isinstance(v, nnx.Variable)):
@@ -214,18 +198,50 @@ def report(config) -> dict:
     gathered |= any(sharding.spec_size(P(e), mesh_shape) > 1
                     for name, e in zip(axes, spec) if name == 'embed')
     layer_whole += math.prod(sharding.value_shape(v)[1:]) // kept   # one layer of the stack
-  fsdp_transient = layer_whole * (2 * dt + 4) if gathered else 0
+  return layer_whole * (2 * setup.model_cfg.compute_dtype.itemsize + 4) if gathered else 0
 
+
+def _fit(out, config, setup, device_bytes, state_total, configured, micro_batch):
+  """Whether it fits, the headroom, the largest micro-batch that fits and a grad_accum."""
+  total = state_total + configured.peak(micro_batch)
+  out['fits'] = bool(total <= device_bytes)
+  out['headroom'] = _entry(device_bytes - total)
+  free = device_bytes - state_total - configured.fixed - configured.re_fixed
+  per_seq = configured.per_seq + configured.re_per_seq
+  fit_batch = int(free // per_seq) if per_seq > 0 and free > 0 else 0
+  out['max_micro_batch_per_device_that_fits'] = fit_batch
+  per_device_batch = config.train.batch_size // setup.batch_shards
+  out['suggested_grad_accum'] = None
+  if fit_batch >= 1:
+    out['suggested_grad_accum'] = next(
+        (a for a in range(1, per_device_batch + 1)
+         if per_device_batch % a == 0 and per_device_batch // a <= fit_batch), None)
+  else:
+    out['note'] = ('The parameters, optimizer state and gradients alone leave no room for one '
+                   'sequence: use more devices or more FSDP sharding.')
+
+
+def report(config) -> dict:
+  """Per-device bytes (and GiB) of parameters, optimizer state, gradients and activations."""
+  from gated_attention import train  # pylint: disable=g-import-not-at-top
+  num_devices = int(config.memory.get('num_devices', 0) or 0) or jax.device_count()
+  mesh = sharding.abstract_mesh(config.mesh, num_devices)
+  mesh_shape = dict(mesh.shape)
+  setup = train.Setup(config, mesh)
+  tc = config.train
+  micro_batch = tc.batch_size // tc.grad_accum // setup.batch_shards
+  params = _sharded_bytes(setup.abstract_params)
+  opt = _sharded_bytes(setup.abstract_opt)
+  grads = params * (2 if tc.grad_accum > 1 else 1)
+  fsdp_transient = _fsdp_transient(setup, mesh_shape)
   credit = _credit_fn(config, mesh_shape, setup.rules)
   remat = config.model.remat
-  configured = _Activations(config, remat, credit)
+  configured = _Activations(config, setup.model_cfg, remat, credit)
   acts = {'configured': configured.summary(micro_batch)}
   for other in ('none', 'full'):
     if other != remat:
-      acts[other] = _Activations(config, other, credit).summary(micro_batch)
-
+      acts[other] = _Activations(config, setup.model_cfg, other, credit).summary(micro_batch)
   state_total = params + opt + grads + fsdp_transient
-  total = state_total + configured.peak(micro_batch)
   device_bytes, source = _device_memory_bytes(config)
   out = {
       'config': f'{config.variant}:{config.scale}',
@@ -234,16 +250,15 @@ def report(config) -> dict:
       'dcn_data': int(config.mesh.get('dcn_data', 1) or 1),
       'rules': config.mesh.rules,
       'batch': {'global_batch': tc.batch_size, 'seq_len': config.data.seq_len,
-                'grad_accum': tc.grad_accum, 'data_parallel_axes': list(batch_axes),
-                'data_parallel_shards': batch_shards, 'micro_batch_per_device': micro_batch},
+                'grad_accum': tc.grad_accum,
+                'data_parallel_axes': list(sharding.mesh_axes_of('batch', setup.rules)),
+                'data_parallel_shards': setup.batch_shards, 'micro_batch_per_device': micro_batch},
       'params_total': int(sum(x.size for x in jax.tree.leaves(setup.abstract_params))),
       'per_device': {
-          'params': _entry(params),
-          'opt_state': _entry(opt),
-          'grads': _entry(grads),
+          'params': _entry(params), 'opt_state': _entry(opt), 'grads': _entry(grads),
           'fsdp_transient': _entry(fsdp_transient),
           'activations': acts['configured']['peak'],
-          'total': _entry(total),
+          'total': _entry(state_total + configured.peak(micro_batch)),
       },
       'activations': acts,
       'device_memory': None if device_bytes is None else _entry(device_bytes),
@@ -255,19 +270,5 @@ def report(config) -> dict:
           'buffers; keep 10-20% headroom. --mode=compile gives the TPU compiler\'s figure.'],
   }
   if device_bytes is not None:
-    out['fits'] = bool(total <= device_bytes)
-    out['headroom'] = _entry(device_bytes - total)
-    free = device_bytes - state_total - configured.fixed - configured.re_fixed
-    per_seq = configured.per_seq + configured.re_per_seq
-    fit_batch = int(free // per_seq) if per_seq > 0 and free > 0 else 0
-    out['max_micro_batch_per_device_that_fits'] = fit_batch
-    per_device_batch = tc.batch_size // batch_shards
-    if fit_batch >= 1:
-      accum = next((a for a in range(1, per_device_batch + 1)
-                    if per_device_batch % a == 0 and per_device_batch // a <= fit_batch), None)
-      out['suggested_grad_accum'] = accum
-    else:
-      out['suggested_grad_accum'] = None
-      out['note'] = ('The parameters, optimizer state and gradients alone leave no room for one '
-                     'sequence: use more devices or more FSDP sharding.')
+    _fit(out, config, setup, device_bytes, state_total, configured, micro_batch)
   return out

@@ -1,24 +1,35 @@
-"""The decoder: embedding -> scanned pre-norm blocks (attention + SwiGLU MLP or MoE) -> logits.
+"""The decoder: embedding -> scanned pre-norm blocks (attention + FFN) -> logits.
+
+    model = Transformer(ModelConfig.from_config(config.model), rngs=nnx.Rngs(0))
+    logits_BxTxV, ffn_aux = model(tokens_BxT)
+    logits_BxTxV, stats = inspect(model, tokens_BxT)      # + the analysis statistics
 
 Blocks are created once with `nnx.vmap` (parameters stacked on a leading 'layers' axis) and run
-with `nnx.scan`, so a 48-layer model compiles like a 1-layer one. Each block returns per-layer
-auxiliary outputs (MoE losses and routing statistics; with `inspect=True` the analysis
-statistics), which the scan stacks to [num_layers, ...].
+with `nnx.scan`, so a 48-layer model compiles like a 1-layer one.
+
+The FFN of a block is a dense SwiGLU (layers.MLP) or a Mixture of Experts (moe.MoE); both follow
+one interface: `ffn(x, pooled) -> (y, aux)`, with `reduce_aux(aux_L) -> (loss, metrics)` (its
+auxiliary training loss and logged metrics from the stacked per-layer `aux`), `pooled_stats(aux_L)`
+(statistics that gradient accumulation gathers over all micro-batches first and passes back as
+`pooled`, or None) and `inactive_params()` (parameters a token does not use).
 """
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import gating, sharding
+from gated_attention import sharding
 from gated_attention.attention import Attention
-from gated_attention.layers import MLP, Embed, RMSNorm, param
+from gated_attention.config import ModelConfig
+from gated_attention.layers import MLP, Embed, Inspectable, RMSNorm, capture_stats, param
+from gated_attention.moe import MoE
 
 REMAT_POLICIES = {
     'full': None,  # save nothing: recompute the whole block in the backward pass
     'dots': jax.checkpoint_policies.checkpoint_dots,
     'dots_no_batch': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
+M_ACT_SITES = ('attn_out', 'attn_residual', 'ffn_out', 'ffn_residual')
 
 
 def _where_max_abs(h_BxTxD: jax.Array) -> dict:
@@ -28,63 +39,46 @@ def _where_max_abs(h_BxTxD: jax.Array) -> dict:
   return {'max': a.reshape(-1)[flat], 'where': jnp.stack(jnp.unravel_index(flat, a.shape))}
 
 
-def dense_ffn_size(cfg) -> int:
-  """The SwiGLU width. With `ffn_match_baseline`, the FFN pays for the gate's parameters, so a
-  gated dense model has the baseline's parameter count to within 1.5 * D per layer (the paper
-  shrinks the FFN of its gated dense models; by how much it does not say)."""
-  if not cfg.ffn_match_baseline:
-    return cfg.ffn_size
-  gate = nnx.eval_shape(lambda: gating.Gate(
-      gating.GateSpec.from_config(cfg.gate), hidden_size=cfg.hidden_size,
-      num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-      init_std=cfg.init_std, rngs=nnx.Rngs(0)))
-  gate_params = sum(x.size for x in jax.tree.leaves(nnx.state(gate)))
-  return cfg.ffn_size - round(gate_params / (3 * cfg.hidden_size))
-
-
-class Block(nnx.Module):
+class Block(Inspectable, nnx.Module):
   """h = h + [Norm](Attn(Norm(h))); h = h + [Norm](FFN(Norm(h))), [Norm] with sandwich norm."""
 
-  def __init__(self, cfg, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, eps = cfg.hidden_size, cfg.norm_eps
     self.attn_norm = RMSNorm(D, eps=eps)
     self.attn = Attention(cfg, rngs=rngs)
     self.ffn_norm = RMSNorm(D, eps=eps)
-    if cfg.moe.num_experts > 0:
-      from gated_attention.moe import MoE  # pylint: disable=g-import-not-at-top
+    if cfg.moe is not None:
       self.ffn = MoE(cfg, rngs=rngs)
     else:
-      self.ffn = MLP(D, dense_ffn_size(cfg), std=cfg.init_std, dtype=jnp.dtype(cfg.dtype),
-                     rngs=rngs)
+      self.ffn = MLP(D, cfg.ffn_size, std=cfg.init_std, dtype=cfg.compute_dtype, rngs=rngs)
     self.attn_post_norm = RMSNorm(D, eps=eps) if cfg.sandwich_norm else None
     self.ffn_post_norm = RMSNorm(D, eps=eps) if cfg.sandwich_norm else None
-    self.is_moe = cfg.moe.num_experts > 0
+    self.inspect = False
 
-  def __call__(self, h_BxTxD, positions_BxT, load_E=None, *, inspect=False):
-    attn_out, stats = self.attn(self.attn_norm(h_BxTxD), positions_BxT, inspect=inspect)
+  def __call__(self, h_BxTxD, positions_BxT, pooled=None):
+    attn_out = self.attn(self.attn_norm(h_BxTxD), positions_BxT)
     if self.attn_post_norm is not None:
       attn_out = self.attn_post_norm(attn_out)
     h_attn = sharding.constrain(h_BxTxD + attn_out, ('batch', 'seq', 'embed'))
-    if self.is_moe:
-      ffn_out, aux = self.ffn(self.ffn_norm(h_attn), global_load_E=load_E)
-    else:
-      ffn_out, aux = self.ffn(self.ffn_norm(h_attn)), {}
+    ffn_out, aux = self.ffn(self.ffn_norm(h_attn), pooled)
     if self.ffn_post_norm is not None:
       ffn_out = self.ffn_post_norm(ffn_out)
     h_out = sharding.constrain(h_attn + ffn_out, ('batch', 'seq', 'embed'))
-    if inspect:
-      aux = dict(aux, **stats, m_act={
-          'attn_out': _where_max_abs(attn_out), 'attn_residual': _where_max_abs(h_attn),
-          'ffn_out': _where_max_abs(ffn_out), 'ffn_residual': _where_max_abs(h_out)})
+    if self.inspect:  # M-Act (Qiu et al. 2025, Sec. 4.3) at the four sites of the block
+      sites = dict(zip(M_ACT_SITES, (attn_out, h_attn, ffn_out, h_out)))
+      self.sow(nnx.Intermediate, 'm_act', {k: _where_max_abs(v) for k, v in sites.items()})
     return h_out, aux
 
 
 class Transformer(nnx.Module):
 
-  def __init__(self, cfg, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    if not isinstance(cfg, ModelConfig):
+      raise TypeError('Transformer takes a config.ModelConfig: '
+                      'Transformer(ModelConfig.from_config(config.model), rngs=...).')
     self.cfg = cfg
-    dt = jnp.dtype(cfg.dtype)
-    self.embed = Embed(cfg.vocab_size, cfg.hidden_size, std=cfg.init_std, dtype=dt, rngs=rngs)
+    self.embed = Embed(cfg.vocab_size, cfg.hidden_size, std=cfg.init_std,
+                       dtype=cfg.compute_dtype, rngs=rngs)
 
     @nnx.split_rngs(splits=cfg.num_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -96,29 +90,22 @@ class Transformer(nnx.Module):
     self.lm_head = None if cfg.tie_embeddings else param(
         rngs, (cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'), cfg.init_std)
 
-  def __call__(self, tokens_BxT: jax.Array, *, inspect: bool = False,
-               moe_load_LxE: jax.Array | None = None,
+  def __call__(self, tokens_BxT: jax.Array, *, pooled=None,
                return_hidden: bool = False) -> tuple[jax.Array, dict]:
     """Returns float32 logits [B, T, V] (or, with `return_hidden`, the final-normed hidden
-    states [B, T, D]) and per-layer aux outputs stacked to [L, ...]."""
+    states [B, T, D]) and the FFNs' aux outputs stacked to [L, ...]. `pooled`: the FFNs'
+    pooled statistics [L, ...] over all micro-batches (train.py), or None."""
     B, T = tokens_BxT.shape
     positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     h_BxTxD = sharding.constrain(self.embed(tokens_BxT), ('batch', 'seq', 'embed'))
 
-    def body(h, block, load_E):
-      return block(h, positions_BxT, load_E, inspect=inspect)
+    def body(h, block, pooled_layer):
+      return block(h, positions_BxT, pooled_layer)
 
     if self.cfg.remat != 'none':
-      if self.cfg.remat not in REMAT_POLICIES:
-        raise ValueError(f'config.model.remat={self.cfg.remat!r} is not one of '
-                         f'none, {", ".join(REMAT_POLICIES)}.')
       body = nnx.remat(body, policy=REMAT_POLICIES[self.cfg.remat])
-    if moe_load_LxE is None:
-      scan = nnx.scan(lambda h, blk: body(h, blk, None), in_axes=(nnx.Carry, 0))
-      h_BxTxD, aux = scan(h_BxTxD, self.blocks)
-    else:
-      scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0))
-      h_BxTxD, aux = scan(h_BxTxD, self.blocks, moe_load_LxE)
+    scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0))
+    h_BxTxD, aux = scan(h_BxTxD, self.blocks, pooled)
 
     h_BxTxD = self.final_norm(h_BxTxD)
     if return_hidden:
@@ -134,36 +121,48 @@ class Transformer(nnx.Module):
     logits = jnp.einsum('btd,dv->btv', h_BxTxD, kernel_DxV.astype(h_BxTxD.dtype))
     return sharding.constrain(logits, ('batch', 'seq', 'vocab')).astype(jnp.float32)
 
+  def ffn_loss_and_metrics(self, aux_L: dict) -> tuple[jax.Array, dict]:
+    """The FFNs' auxiliary training loss and their metrics (MoE: load balancing, z-loss)."""
+    return self.blocks.ffn.reduce_aux(aux_L)
 
-def abstract_model(cfg) -> Transformer:
+  def ffn_pooled_stats(self, aux_L: dict):
+    """What gradient accumulation pools over micro-batches for the FFNs (or None)."""
+    return self.blocks.ffn.pooled_stats(aux_L)
+
+
+def inspect(model: Transformer, tokens_BxT: jax.Array) -> tuple[jax.Array, dict]:
+  """Logits and the per-layer analysis statistics, each stacked to [L, ...]:
+  f_attn_H [L, H], attn_map [L, n, n], sdpa_pre_gate / sdpa_post_gate {abs_mean,
+  frac_below_1e-2, frac_below_1e-3}, gate {mean, frac_below_0.1, hist} (gated runs only) and
+  m_act {site: {max, where}} (analysis/metrics.py documents them). Runs the explicit-attention
+  path on a view of `model` and collects what its modules `sow` (layers.capture_stats)."""
+  (logits, _), stats = capture_stats(model, tokens_BxT)
+  return logits, stats
+
+
+def abstract_model(cfg: ModelConfig) -> Transformer:
   """The model with ShapeDtypeStructs for parameters: no memory, no FLOPs."""
   return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
 
 
-def param_report(cfg) -> dict:
+def param_report(cfg: ModelConfig) -> dict:
   """Parameter counts: total, active per token, embedding, and per module."""
-  state = nnx.state(abstract_model(cfg), nnx.Param)
-  by_module, expert_params = {}, 0
-  for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+  model = abstract_model(cfg)
+  by_module = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
     keys = [str(getattr(p, 'key', getattr(p, 'name', p))) for p in path]
     keys = [k for k in keys if k != 'value']
-    n = int(leaf.size)
     group = '.'.join(keys[:3] if keys[0] == 'blocks' else keys[:1])
-    by_module[group] = by_module.get(group, 0) + n
-    if keys[0] == 'blocks' and keys[1] == 'ffn' and keys[2] in ('wi_gate', 'wi_up', 'wo'):
-      if cfg.moe.num_experts > 0:
-        expert_params += n
+    by_module[group] = by_module.get(group, 0) + int(leaf.size)
   total = sum(by_module.values())
-  inactive = 0
-  if cfg.moe.num_experts > 0:
-    inactive = expert_params * (cfg.moe.num_experts - cfg.moe.top_k) // cfg.moe.num_experts
   embedding = cfg.vocab_size * cfg.hidden_size
-  return {'total': total, 'active': total - inactive, 'embedding': embedding,
+  return {'total': total, 'active': total - model.blocks.ffn.inactive_params(),
+          'embedding': embedding,
           'non_embedding': total - embedding - (0 if cfg.tie_embeddings else embedding),
           'by_module': dict(sorted(by_module.items()))}
 
 
-def train_flops_per_token(cfg, seq_len: int) -> float:
+def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
   """Analytic training FLOPs per token (forward + backward = 3x forward).
 
   Matmuls: 6 x the active parameters that multiply activations (everything but the embedding

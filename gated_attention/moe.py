@@ -10,10 +10,10 @@ float32, expert matmuls run in `cfg.dtype`.
 Dispatch (`cfg.moe.dispatch`):
   dropless  The N*K (token, expert) assignments are stably sorted by expert, the
             tokens gathered into that order and the experts applied as grouped
-            matmuls (`grouped_matmul`: jax.lax.ragged_dot, or the Pallas megablox kernels on TPU,
-            moe.grouped_matmul; group sizes = per-expert counts).
-            The outputs are weighted and scatter-added back to their tokens.
-            All shapes are static (N*K rows), so it jits; nothing is dropped.
+            matmuls (grouped_matmul.py: jax.lax.ragged_dot, or the Pallas megablox kernels
+            on TPU; group sizes = per-expert counts). The outputs are weighted and
+            scatter-added back to their tokens. All shapes are static (N*K rows), so it
+            jits; nothing is dropped. Sharded over a mesh: moe_parallel.py.
   capacity  Every expert has C = ceil(capacity_factor * N * K / E) slots.
             PRIORITY RULE: assignments are ranked k-major, i.e. all tokens'
             top-1 choices first (in token order), then all top-2 choices, etc.
@@ -24,32 +24,38 @@ Dispatch (`cfg.moe.dispatch`):
             scattered into an [E, C, D] buffer, the experts run as a batched
             SwiGLU and the results are gathered back.
 
-Auxiliary losses (returned, NOT multiplied by their coefficients):
+The FFN interface (model.py): `moe(x, pooled) -> (y, aux)` with per-call auxiliary outputs;
+`reduce_aux(aux_L)` turns the layers' outputs into the training loss term (the losses below
+times their coefficients) and the logged metrics; `pooled_stats(aux_L)` is what gradient
+accumulation gathers over all micro-batches first (train.py) and passes back as `pooled`.
+
+Auxiliary losses (in `aux`, NOT multiplied by their coefficients):
   lb_loss        E * sum_e f_e * P_e with f_e the fraction of the K*N routed
                  assignments sent to expert e (stop-gradient; counted before any
                  capacity drops) and P_e the mean router probability.
                  'global' type: f and P are taken over ALL tokens of the call.
                  Under jit with a data-sharded batch the means are global across
                  data-parallel shards automatically, i.e. this is the global-batch
-                 load-balancing loss, which (unlike the per-sequence loss) lets
-                 experts specialise within a sequence. With gradient
-                 accumulation the trainer can pass `global_load_E` (f averaged
-                 over all micro-batches, from each call's `load_E`) to use the
-                 whole global batch's f. 'sequence' type: the same loss per
-                 sequence (over its T tokens), averaged over sequences;
-                 `global_load_E` is ignored there.
+                 load-balancing loss (Qiu et al. 2025, Sec. 3.1), which (unlike the
+                 per-sequence loss) lets experts specialise within a sequence. With
+                 gradient accumulation the trainer passes `pooled` (f averaged over
+                 all micro-batches, from each call's `load_E`) to use the whole
+                 global batch's f. 'sequence' type: the same loss per sequence
+                 (over its T tokens), averaged over sequences; `pooled` is unused.
   router_z_loss  mean over tokens of logsumexp(logits)^2.
 Diagnostics: load_E (local f), prob_E (P), load_cv and load_max_over_mean of the
 per-expert assignment counts, dropped_frac (0 for dropless).
 """
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import moe_parallel, sharding
+from gated_attention import grouped_matmul, moe_parallel, sharding
+from gated_attention.errors import ConfigError
 
 
 def _param(rngs, shape, std, axes):
@@ -86,103 +92,57 @@ def capacity_slots(experts_NxK, num_experts, capacity):
   return slot_NxK, slot_NxK < capacity
 
 
-GROUPED_MATMULS = ('auto', 'ragged_dot', 'megablox', 'megablox_interpret')
-_GMM_TM = 128  # megablox row tile; rows are zero-padded up to a multiple of it
-_GMM_MAX_FULL_TILE = 2048  # largest K/N that is not a multiple of 128 megablox takes as one tile
+@dataclasses.dataclass(frozen=True)
+class MoESpec:
+  """The MoE settings (configs/base.py `moe_config` documents each field), with the grouped
+  matmul resolved for the platform; validated on construction."""
+  num_experts: int
+  top_k: int
+  expert_ffn_size: int
+  num_shared_experts: int = 0
+  renormalize: bool = False
+  lb_loss_coef: float = 1e-3
+  lb_loss_type: str = 'global'
+  router_z_loss_coef: float = 1e-3
+  dispatch: str = 'dropless'
+  capacity_factor: float = 1.25
+  grouped_matmul: str = 'ragged_dot'
 
+  def __post_init__(self):
+    def bad(field, msg):
+      raise ConfigError(f'config.model.moe.{field}: {msg}')
+    if not 1 <= self.top_k <= self.num_experts:
+      bad('top_k', f'{self.top_k} must be in [1, num_experts={self.num_experts}].')
+    if self.expert_ffn_size < 1:
+      bad('expert_ffn_size', f'must be positive, got {self.expert_ffn_size}.')
+    if self.dispatch not in ('dropless', 'capacity'):
+      bad('dispatch', f'Unknown moe.dispatch {self.dispatch!r}; expected dropless or capacity.')
+    if self.lb_loss_type not in ('global', 'sequence'):
+      bad('lb_loss_type', f'Unknown moe.lb_loss_type {self.lb_loss_type!r}; expected global or '
+          'sequence.')
+    if self.grouped_matmul == 'auto' or self.grouped_matmul not in grouped_matmul.IMPLS:
+      bad('grouped_matmul', f'{self.grouped_matmul!r} must be resolved (from_config) to one of '
+          f'{", ".join(grouped_matmul.IMPLS[1:])}.')
 
-def resolve_grouped_matmul(impl: str, platform: str) -> str:
-  """'auto' -> 'megablox' on TPU devices, else 'ragged_dot'; anything else is validated."""
-  if impl not in GROUPED_MATMULS:
-    raise ValueError(f'Unknown config.model.moe.grouped_matmul {impl!r}; '
-                     f'expected one of {GROUPED_MATMULS}')
-  if impl == 'auto':
-    return 'megablox' if platform == 'tpu' else 'ragged_dot'
-  return impl
+  @classmethod
+  def from_config(cls, moe_cfg, platform: str) -> 'MoESpec':
+    m = dict(moe_cfg)
+    m['grouped_matmul'] = grouped_matmul.resolve(m.get('grouped_matmul', 'auto'), platform)
+    return cls(**m)
 
-
-def resolve_model_config(model_cfg, mesh):
-  """A copy of the model config with moe.grouped_matmul='auto' resolved for the mesh's devices."""
-  if model_cfg.moe.get('grouped_matmul', 'auto') != 'auto':
-    return model_cfg
-  if isinstance(mesh, jax.sharding.Mesh):
-    platform = mesh.devices.flat[0].platform
-  else:  # an AbstractMesh (memory estimates) has no devices
-    platform = jax.default_backend()
-  model_cfg = model_cfg.copy_and_resolve_references()
-  with model_cfg.unlocked():
-    model_cfg.moe.grouped_matmul = resolve_grouped_matmul('auto', platform)
-  return model_cfg
-
-
-def _gmm_tile(dim: int, name: str) -> int:
-  """Megablox K/N tile: a multiple of 128 dividing dim, else (Mosaic allows a block spanning the
-  whole dimension) dim itself while it is small enough for VMEM."""
-  for t in (512, 256, 128):
-    if dim % t == 0:
-      return t
-  if dim <= _GMM_MAX_FULL_TILE:
-    return dim
-  raise ValueError(f'config.model.moe.grouped_matmul=megablox needs the {name} dimension of the '
-                   f'(per-shard) expert matmuls to be a multiple of 128 or at most '
-                   f'{_GMM_MAX_FULL_TILE}, got {dim}; use '
-                   f"config.model.moe.grouped_matmul='ragged_dot' for these shapes.")
-
-
-def _gmm_tiling(m, k, n):
-  """Per call (gmm forward, its transposed input-gradient gmm, tgmm) (tm, tk, tn)."""
-  del m  # rows are padded to a multiple of _GMM_TM
-  return _GMM_TM, _gmm_tile(k, 'K'), _gmm_tile(n, 'N')
-
-
-def grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, impl: str):
-  """out[rows of group g] = x[rows of group g] @ w[g]; rows past sum(group_sizes) are zero.
-
-  impl: 'ragged_dot' (jax.lax.ragged_dot) or 'megablox' (Pallas TPU grouped matmul, whose custom
-  VJP computes the weight gradient with tgmm over the groups' rows only; ragged_dot's weight
-  gradient compiles to a dense product over all groups on TPU). 'megablox_interpret' runs the
-  megablox kernels in the Pallas interpreter (any backend; tests).
-  """
-  if impl == 'ragged_dot':
-    return jax.lax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G)
-  if impl not in ('megablox', 'megablox_interpret'):
-    raise ValueError(f'grouped_matmul impl {impl!r} must be resolved to ragged_dot or megablox '
-                     '(config.model.moe.grouped_matmul)')
-  from jax.experimental.pallas.ops.tpu.megablox import gmm  # pylint: disable=g-import-not-at-top
-  M, K = x_MxK.shape
-  N = w_GxKxN.shape[-1]
-  _gmm_tile(K, 'contraction (K)')   # clear errors up front, before gmm's own
-  _gmm_tile(N, 'output (N)')
-  Mp = -(-M // _GMM_TM) * _GMM_TM
-  group_sizes_G = group_sizes_G.astype(jnp.int32)
-  # gmm leaves rows past sum(group_sizes) (the padding, moe_parallel's tail) uninitialised, in the
-  # output and in its input gradient: zero them on the way in and out (select, NaN-safe).
-  valid_M = jnp.arange(Mp, dtype=jnp.int32) < jnp.sum(group_sizes_G)
-  x = jnp.pad(x_MxK, ((0, Mp - M), (0, 0))) if Mp != M else x_MxK
-  x = jnp.where(valid_M[:, None], x, jnp.zeros((), x.dtype))
-  out = gmm(x, w_GxKxN.astype(x.dtype), group_sizes_G, x.dtype, _gmm_tiling,
-            interpret=impl == 'megablox_interpret')
-  out = jnp.where(valid_M[:, None], out, jnp.zeros((), out.dtype))
-  return out[:M]
+  @property
+  def pools_stats(self) -> bool:
+    """Whether gradient accumulation must gather the expert loads of all micro-batches first."""
+    return self.lb_loss_type == 'global'
 
 
 class MoE(nnx.Module):
   """Top-k routed SwiGLU experts (+ optional shared experts). See module doc."""
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
-    m = cfg.moe
-    self.num_experts, self.top_k = m.num_experts, m.top_k
-    self.renormalize, self.lb_loss_type = m.renormalize, m.lb_loss_type
-    self.dispatch, self.capacity_factor = m.dispatch, m.capacity_factor
-    self.dtype = jnp.dtype(cfg.dtype)
-    # 'auto' is resolved for the mesh's devices by train.Setup (resolve_model_config); a model
-    # built directly from a config with 'auto' uses the default backend.
-    self.grouped_matmul = resolve_grouped_matmul(m.get('grouped_matmul', 'auto'),
-                                                 jax.default_backend())
-    if self.dispatch not in ('dropless', 'capacity'):
-      raise ValueError(f'Unknown moe.dispatch {self.dispatch!r}')
-    if self.lb_loss_type not in ('global', 'sequence'):
-      raise ValueError(f'Unknown moe.lb_loss_type {self.lb_loss_type!r}')
+    """`cfg`: a config.ModelConfig whose `moe` is set."""
+    m = self.spec = cfg.moe
+    self.dtype = cfg.compute_dtype
     D, E, F, std = cfg.hidden_size, m.num_experts, m.expert_ffn_size, cfg.init_std
     self.router = _param(rngs, (D, E), std, ('embed', 'expert'))
     self.wi_gate = _param(rngs, (E, D, F), std, ('expert', 'embed', 'expert_mlp'))
@@ -196,30 +156,21 @@ class MoE(nnx.Module):
     self.has_shared = bool(S)
 
   def _dropless(self, x_NxD, weights_NxK, experts_NxK):
+    m, dt = self.spec, self.dtype
     if moe_parallel.active():  # sharded: per-shard sort, expert parallelism (moe_parallel.py)
-      return moe_parallel.dropless(
+      y_NxD = moe_parallel.dropless(
           x_NxD, weights_NxK, experts_NxK, self.wi_gate[...], self.wi_up[...], self.wo[...],
-          num_experts=self.num_experts, dtype=self.dtype,
-          impl=self.grouped_matmul), jnp.zeros((), jnp.float32)
-    N, K = experts_NxK.shape
-    E, dt = self.num_experts, self.dtype
-    experts_M = experts_NxK.reshape(N * K)  # M = N*K assignments, token-major
-    order_M = jnp.argsort(experts_M, stable=True)
-    token_M = order_M // K
-    group_sizes_E = jnp.bincount(experts_M, length=E).astype(jnp.int32)
-    x_MxD = x_NxD[token_M]
-    impl = self.grouped_matmul
-    g = grouped_matmul(x_MxD, self.wi_gate[...].astype(dt), group_sizes_E, impl)
-    u = grouped_matmul(x_MxD, self.wi_up[...].astype(dt), group_sizes_E, impl)
-    y_MxD = grouped_matmul(jax.nn.silu(g) * u, self.wo[...].astype(dt), group_sizes_E, impl)
-    w_M = weights_NxK.reshape(N * K)[order_M].astype(dt)
-    y_NxD = jax.ops.segment_sum(y_MxD * w_M[:, None], token_M, num_segments=N)
+          num_experts=m.num_experts, dtype=dt, impl=m.grouped_matmul)
+    else:
+      y_NxD = grouped_matmul.sorted_swiglu(
+          x_NxD, weights_NxK, experts_NxK, self.wi_gate[...].astype(dt),
+          self.wi_up[...].astype(dt), self.wo[...].astype(dt), impl=m.grouped_matmul)
     return y_NxD, jnp.zeros((), jnp.float32)
 
   def _capacity(self, x_NxD, weights_NxK, experts_NxK):
     N, K = experts_NxK.shape
-    E, D, dt = self.num_experts, x_NxD.shape[-1], self.dtype
-    C = math.ceil(self.capacity_factor * N * K / E)
+    E, D, dt = self.spec.num_experts, x_NxD.shape[-1], self.dtype
+    C = math.ceil(self.spec.capacity_factor * N * K / E)
     slot_NxK, keep_NxK = capacity_slots(experts_NxK, E, C)
     # Flat buffer index; dropped assignments go to a dummy row E*C.
     index_NxK = jnp.where(keep_NxK, experts_NxK * C + slot_NxK, E * C)
@@ -234,27 +185,34 @@ class MoE(nnx.Module):
     y_NxD = jnp.einsum('nkd,nk->nd', y_flat[index_NxK], w_NxK)
     return y_NxD, 1.0 - jnp.mean(keep_NxK.astype(jnp.float32))
 
-  def __call__(self, x_BxTxD, global_load_E=None):
+  def __call__(self, x_BxTxD, pooled=None):
+    """(y, aux); `pooled`: this layer's pooled_stats over all micro-batches (or None)."""
+    m = self.spec
     B, T, D = x_BxTxD.shape
-    N, E, K = B * T, self.num_experts, self.top_k
+    N, E, K = B * T, m.num_experts, m.top_k
     x_NxD = x_BxTxD.reshape(N, D)
     logits_NxE = x_NxD.astype(jnp.float32) @ self.router[...]
     probs_NxE, weights_NxK, experts_NxK = sharding.per_batch_shard(  # per token: split by batch
-        route, logits_NxE, K, self.renormalize)
+        route, logits_NxE, K, m.renormalize)
 
     x_c = x_NxD.astype(self.dtype)
-    routed = self._dropless if self.dispatch == 'dropless' else self._capacity
+    routed = self._dropless if m.dispatch == 'dropless' else self._capacity
     y_NxD, dropped_frac = routed(x_c, weights_NxK, experts_NxK)
     if self.has_shared:
       y_NxD = y_NxD + _swiglu(x_c, self.shared_wi_gate[...], self.shared_wi_up[...],
                               self.shared_wo[...], self.dtype)
+    aux = self._aux(logits_NxE, probs_NxE, experts_NxK, (B, T), pooled)
+    aux['dropped_frac'] = dropped_frac
+    return y_NxD.reshape(B, T, D).astype(x_BxTxD.dtype), aux
 
-    # Statistics and auxiliary losses (float32).
+  def _aux(self, logits_NxE, probs_NxE, experts_NxK, batch_shape, global_load_E) -> dict:
+    """Auxiliary losses and routing statistics (float32)."""
+    (B, T), (N, E), K = batch_shape, probs_NxE.shape, experts_NxK.shape[1]
     onehot_NxE = jnp.sum(jax.nn.one_hot(experts_NxK, E, dtype=jnp.float32), axis=1)
     counts_E = jnp.sum(onehot_NxE, axis=0)
     load_E = counts_E / (N * K)
     prob_E = jnp.mean(probs_NxE, axis=0)
-    if self.lb_loss_type == 'global':
+    if self.spec.lb_loss_type == 'global':
       f_E = load_E if global_load_E is None else global_load_E.astype(jnp.float32)
       lb_loss = E * jnp.sum(jax.lax.stop_gradient(f_E) * prob_E)
     else:
@@ -263,13 +221,27 @@ class MoE(nnx.Module):
       lb_loss = E * jnp.mean(jnp.sum(jax.lax.stop_gradient(f_BxE) * P_BxE, axis=-1))
     z = jax.nn.logsumexp(logits_NxE, axis=-1)
     mean_count = jnp.mean(counts_E)
-    aux = dict(
-        lb_loss=lb_loss,
-        router_z_loss=jnp.mean(z ** 2),
-        load_E=load_E,
-        prob_E=prob_E,
-        load_cv=jnp.std(counts_E) / mean_count,
-        load_max_over_mean=jnp.max(counts_E) / mean_count,
-        dropped_frac=dropped_frac,
-    )
-    return y_NxD.reshape(B, T, D).astype(x_BxTxD.dtype), aux
+    return dict(lb_loss=lb_loss, router_z_loss=jnp.mean(z ** 2), load_E=load_E, prob_E=prob_E,
+                load_cv=jnp.std(counts_E) / mean_count,
+                load_max_over_mean=jnp.max(counts_E) / mean_count)
+
+  def reduce_aux(self, aux_L: dict) -> tuple[jax.Array, dict]:
+    """The training loss term (coefficients applied, summed over layers) and the metrics."""
+    m = self.spec
+    loss = (m.lb_loss_coef * jnp.sum(aux_L['lb_loss'])
+            + m.router_z_loss_coef * jnp.sum(aux_L['router_z_loss']))
+    return loss, dict(moe_lb_loss=jnp.mean(aux_L['lb_loss']),
+                      moe_router_z_loss=jnp.mean(aux_L['router_z_loss']),
+                      moe_load_cv=jnp.mean(aux_L['load_cv']),
+                      moe_load_max_over_mean=jnp.max(aux_L['load_max_over_mean']),
+                      moe_dropped_frac=jnp.mean(aux_L['dropped_frac']))
+
+  def pooled_stats(self, aux_L: dict):
+    """The per-layer expert loads [L, E] when the load-balancing loss is global, else None."""
+    return aux_L['load_E'] if self.spec.pools_stats else None
+
+  def inactive_params(self) -> int:
+    """Routed-expert parameters a token does not use: (E - k) / E of them."""
+    m = self.spec
+    n = sum(int(w.size) for w in (self.wi_gate, self.wi_up, self.wo))
+    return n * (m.num_experts - m.top_k) // m.num_experts

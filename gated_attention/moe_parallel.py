@@ -14,7 +14,8 @@ axes, T = the 'expert_mlp' axes):
 Expert parallelism (X non-empty; the presets put X inside B, i.e. the expert axis also splits
 tokens): the tokens of the devices along X are all-gathered; each device sorts the assignments
 that go to *its* experts first (the others form a tail that `ragged_dot` leaves at zero), runs
-its experts as grouped matmuls (`jax.lax.ragged_dot`), and the partial outputs are summed and
+its experts as grouped matmuls (grouped_matmul.sorted_swiglu, the single-device path's dispatch
+too), and the partial outputs are summed and
 scattered back to the tokens' owners with one reduce-scatter over X (`psum_scatter`). Tensor
 parallelism over F (T non-empty) adds a psum over T. Nothing is dropped, every shape is static,
 and the result equals the single-device computation (up to float summation order).
@@ -35,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from gated_attention import sharding
+from gated_attention import grouped_matmul, sharding
 
 
 def _tuple(entry) -> tuple:
@@ -53,12 +54,10 @@ def active() -> bool:
 def dropless(x_NxD, weights_NxK, experts_NxK, wi_gate_ExDxF, wi_up_ExDxF, wo_ExFxD, *,
              num_experts: int, dtype, impl: str = 'ragged_dot') -> jax.Array:
   """sum_k w_k SwiGLU_{e_k}(x) for every token, sharded as described in the module doc."""
-  from gated_attention import moe  # pylint: disable=g-import-not-at-top  (moe imports this module)
   rules = sharding.current_rules()
   mesh = jax.sharding.get_abstract_mesh()
   shape = dict(mesh.shape)
   N, D = x_NxD.shape
-  K = experts_NxK.shape[1]
   E, F = num_experts, wi_gate_ExDxF.shape[-1]
 
   batch = _tuple(sharding.logical_to_spec(('batch',), rules, (N,), shape)[0])
@@ -73,23 +72,8 @@ def dropless(x_NxD, weights_NxK, experts_NxK, wi_gate_ExDxF, wi_up_ExDxF, wo_ExF
   def body(x, w, e, wg, wu, wo):
     if gather_axes:
       x, w, e = (jax.lax.all_gather(a, gather_axes, axis=0, tiled=True) for a in (x, w, e))
-    n = x.shape[0]
-    M = n * K
     first = jax.lax.axis_index(expert_axes) * e_local if expert_axes else 0
-    local_M = e.reshape(M) - first
-    mine_M = (local_M >= 0) & (local_M < e_local)
-    key_M = jnp.where(mine_M, local_M, e_local)          # other shards' experts sort last
-    order_M = jnp.argsort(key_M, stable=True)
-    token_M = order_M // K
-    group_sizes = jnp.bincount(key_M, length=e_local + 1)[:e_local].astype(jnp.int32)
-    x_MxD = x[token_M]
-    g = moe.grouped_matmul(x_MxD, wg, group_sizes, impl)
-    u = moe.grouped_matmul(x_MxD, wu, group_sizes, impl)
-    y_MxD = moe.grouped_matmul(jax.nn.silu(g) * u, wo, group_sizes, impl)
-    mine_sorted = mine_M[order_M]
-    w_M = jnp.where(mine_sorted, w.reshape(M)[order_M], 0).astype(y_MxD.dtype)
-    y_MxD = jnp.where(mine_sorted[:, None], y_MxD, 0) * w_M[:, None]
-    y = jax.ops.segment_sum(y_MxD, token_M, num_segments=n)
+    y = grouped_matmul.sorted_swiglu(x, w, e, wg, wu, wo, impl=impl, first_expert=first)
     if gather_axes:
       y = jax.lax.psum_scatter(y, gather_axes, scatter_dimension=0, tiled=True)
     if replicated_expert_axes or f_axes:

@@ -44,6 +44,8 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from gated_attention.errors import ConfigError
+
 MESH_AXES = ('data', 'fsdp', 'tensor', 'expert')
 BATCH = ('data', 'fsdp', 'expert')
 
@@ -91,7 +93,7 @@ def current_rules() -> dict | None:
 
 def get_rules(name: str) -> dict:
   if name not in RULES:
-    raise ValueError(f'config.mesh.rules={name!r} is not one of {", ".join(RULES)}.')
+    raise ConfigError(f'config.mesh.rules={name!r} is not one of {", ".join(RULES)}.')
   return RULES[name]
 
 
@@ -149,24 +151,24 @@ def mesh_shape(mesh_cfg, num_devices: int) -> dict:
   sizes = [int(mesh_cfg[a]) for a in MESH_AXES]
   named = dict(zip(MESH_AXES, sizes))
   if sizes.count(-1) > 1:
-    raise ValueError(f'config.mesh: at most one of {MESH_AXES} may be -1, got {named}.')
+    raise ConfigError(f'config.mesh: at most one of {MESH_AXES} may be -1, got {named}.')
   known = 1
   for s in sizes:
     if s != -1:
       if s < 1:
-        raise ValueError(f'config.mesh sizes must be >= 1 or -1, got {named}.')
+        raise ConfigError(f'config.mesh sizes must be >= 1 or -1, got {named}.')
       known *= s
   if -1 in sizes:
     if num_devices % known:
-      raise ValueError(f'config.mesh {named}: {num_devices} devices are not divisible by the '
+      raise ConfigError(f'config.mesh {named}: {num_devices} devices are not divisible by the '
                        f'fixed axes product {known}.')
     sizes[sizes.index(-1)] = num_devices // known
   if math.prod(sizes) != num_devices:
-    raise ValueError(f'config.mesh {named} needs {math.prod(sizes)} devices, but '
+    raise ConfigError(f'config.mesh {named} needs {math.prod(sizes)} devices, but '
                      f'{num_devices} are available; set one axis to -1 to use all of them.')
   dcn = int(mesh_cfg.get('dcn_data', 1) or 1)
   if dcn < 1 or sizes[0] % dcn:
-    raise ValueError(f'config.mesh.dcn_data={dcn} must be >= 1 and divide the data axis '
+    raise ConfigError(f'config.mesh.dcn_data={dcn} must be >= 1 and divide the data axis '
                      f'(mesh.data resolves to {sizes[0]}); the data axis is split into '
                      'dcn_data groups across slices or hosts.')
   return dict(zip(MESH_AXES, sizes))
@@ -229,11 +231,11 @@ def device_array(mesh_cfg, devices) -> np.ndarray:
         error = e
     raise error
   if attr == 'slice_index':
-    raise ValueError(f'config.mesh.dcn_data={dcn}, but the devices span {len(granules)} slices;'
+    raise ConfigError(f'config.mesh.dcn_data={dcn}, but the devices span {len(granules)} slices;'
                      f' set --config.mesh.dcn_data={len(granules)}.')
   n_proc = len(granules)
   if n_proc % dcn and dcn % n_proc:
-    raise ValueError(f'config.mesh.dcn_data={dcn} must divide the process count {n_proc} or be '
+    raise ConfigError(f'config.mesh.dcn_data={dcn} must divide the process count {n_proc} or be '
                      'a multiple of it (each data-parallel group is whole processes, or a part '
                      'of one).')
   ordered = sorted(devices, key=lambda d: (getattr(d, 'process_index', 0), d.id))
@@ -266,16 +268,14 @@ def value_shape(v) -> tuple:
   return tuple((get() if get is not None else v.value).shape)
 
 
-_value_shape = value_shape
-
 
 def param_logical_axes(v) -> tuple:
   """A Variable's logical axes, with a leading 'layers' for each stacked (scanned) dimension."""
   axes = tuple(v.get_metadata().get('logical_axes', ()))
-  ndim = len(_value_shape(v))
+  ndim = len(value_shape(v))
   if len(axes) > ndim:
     raise ValueError(f'logical_axes {axes} has more names than the parameter has dims '
-                     f'{_value_shape(v)}.')
+                     f'{value_shape(v)}.')
   return ('layers',) * (ndim - len(axes)) + axes
 
 
@@ -290,7 +290,7 @@ def param_specs(abstract_state, rules: dict, mesh_shape=None):
   mesh_shape = dict(mesh_shape) if mesh_shape is not None else None
 
   def spec(v):
-    return logical_to_spec(param_logical_axes(v), rules, _value_shape(v), mesh_shape)
+    return logical_to_spec(param_logical_axes(v), rules, value_shape(v), mesh_shape)
 
   return jax.tree.map(spec, abstract_state, is_leaf=lambda v: isinstance(v, nnx.Variable))
 

@@ -1,8 +1,9 @@
-"""Training: the loss, AdamW, the jit-compiled step (explicit shardings, donation), evaluation.
+"""Training: the loss, AdamW, the jit-compiled steps (explicit shardings, donation).
 
-A batch's path: main.py -> train.run -> data.train_iter (numpy, per process) -> a global array
-sharded over the data-parallel mesh axes -> train_step -> loss_fn -> Transformer.__call__.
-The loop itself (logging, checkpoints, signals) is in loop.py.
+A batch's path: main.py -> loop.run -> data.train_iter (numpy, per process) -> Setup.global_batch
+(a global array sharded over the data-parallel mesh axes) -> train_step -> loss_fn ->
+Transformer.__call__. The loop itself (logging, checkpoints, signals) is in loop.py, evaluation
+in evaluate.py.
 """
 
 import functools
@@ -14,8 +15,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from gated_attention import model as model_lib
-from gated_attention import moe as moe_lib
 from gated_attention import sharding
+from gated_attention.config import ModelConfig
+from gated_attention.errors import ConfigError
 
 NO_DECAY = ('scale', 'bias')  # norms' scales and biases are not weight-decayed
 
@@ -62,65 +64,60 @@ def _chunked_token_losses(h_BxTxD, kernel_DxV, targets_BxT, mask_BxT, chunk: int
   return ce_sum, z_sum
 
 
-def loss_fn(params, graphdef, batch, cfg, moe_load_LxE=None):
-  """Mean token cross-entropy plus the optional logits z-loss and the MoE auxiliary losses."""
+def loss_fn(params, graphdef, batch, tc, pooled=None):
+  """Mean token cross-entropy plus the optional logits z-loss and the FFNs' auxiliary losses.
+
+  Returns (total, (metrics, pooled_stats)): pooled_stats are what gradient accumulation gathers
+  over all micro-batches before the real pass (model.py, the FFN interface), or None."""
   model = nnx.merge(graphdef, params)
-  h_BxTxD, aux = model(batch['inputs'], moe_load_LxE=moe_load_LxE, return_hidden=True)
+  h_BxTxD, aux = model(batch['inputs'], pooled=pooled, return_hidden=True)
   args = (h_BxTxD, model.head_kernel(), batch['targets'], batch['loss_mask'])
-  chunk = cfg.train.loss_chunk_size
+  chunk = tc.loss_chunk_size
   if chunk and chunk < h_BxTxD.shape[1]:
     ce_sum, z_sum = _chunked_token_losses(*args, chunk)
   else:
     ce_sum, z_sum = _token_losses(*args)
   tokens = jnp.maximum(jnp.sum(batch['loss_mask']), 1.0)
   ce, z_loss = ce_sum / tokens, z_sum / tokens
-  total = ce + cfg.train.z_loss * z_loss
-  metrics = {'loss': ce, 'z_loss': z_loss}
-  moe = cfg.model.moe
-  if moe.num_experts > 0:
-    total += moe.lb_loss_coef * jnp.sum(aux['lb_loss'])
-    total += moe.router_z_loss_coef * jnp.sum(aux['router_z_loss'])
-    metrics.update(moe_lb_loss=jnp.mean(aux['lb_loss']),
-                   moe_router_z_loss=jnp.mean(aux['router_z_loss']),
-                   moe_load_cv=jnp.mean(aux['load_cv']),
-                   moe_load_max_over_mean=jnp.max(aux['load_max_over_mean']),
-                   moe_dropped_frac=jnp.mean(aux['dropped_frac']),
-                   _load_LxE=aux['load_E'])
-  metrics['total_loss'] = total
-  return total, metrics
+  ffn_loss, ffn_metrics = model.ffn_loss_and_metrics(aux)
+  total = ce + tc.z_loss * z_loss + ffn_loss
+  metrics = {'loss': ce, 'z_loss': z_loss, **ffn_metrics, 'total_loss': total}
+  return total, (metrics, model.ffn_pooled_stats(aux))
 
 
 def _microbatches(batch, n):
   return jax.tree.map(lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), batch)
 
 
-def train_step(params, opt_state, batch, *, graphdef, cfg, optimizer):
-  """One optimizer step over `grad_accum` micro-batches (scanned, gradients summed in f32)."""
-  n = cfg.train.grad_accum
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  moe = cfg.model.moe
-  global_lb = moe.num_experts > 0 and moe.lb_loss_type == 'global' and n > 1
+def _accumulated_grads(grad_fn, params, micro, pooled):
+  """Mean gradients and metrics over micro-batches (scanned, summed in float32)."""
+  def accumulate(carry, mb):
+    (_, (m, _)), g = grad_fn(params, mb, pooled)
+    return jax.tree.map(jnp.add, carry, (g, m)), None
+  shapes = jax.eval_shape(lambda: grad_fn(params, jax.tree.map(lambda x: x[0], micro), pooled))
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), (shapes[1], shapes[0][1][0]))
+  (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
+  n = jax.tree.leaves(micro)[0].shape[0]
+  return jax.tree.map(lambda x: x / n, (grads, metrics))
+
+
+def train_step(params, opt_state, batch, *, graphdef, tc, pools_stats, optimizer):
+  """One optimizer step over `tc.grad_accum` micro-batches."""
+  n = tc.grad_accum
+  grad_fn = jax.value_and_grad(
+      lambda p, b, pooled=None: loss_fn(p, graphdef, b, tc, pooled), has_aux=True)
   if n == 1:
-    (_, metrics), grads = grad_fn(params, graphdef, batch, cfg)
+    (_, (metrics, _)), grads = grad_fn(params, batch)
   else:
     micro = _microbatches(batch, n)
-    load_LxE = None
-    if global_lb:
-      # The load-balancing statistics must cover the whole global batch: one forward pass over
-      # all micro-batches gathers the expert loads first (this costs one extra forward).
-      def load_of(_, mb):
-        return None, loss_fn(params, graphdef, mb, cfg)[1]['_load_LxE']
-      load_LxE = jax.lax.stop_gradient(jnp.mean(jax.lax.scan(load_of, None, micro)[1], 0))
-
-    def accumulate(carry, mb):
-      (_, m), g = grad_fn(params, graphdef, mb, cfg, load_LxE)
-      return jax.tree.map(jnp.add, carry, (g, m)), None
-    zeros = jax.eval_shape(lambda: grad_fn(params, graphdef, jax.tree.map(lambda x: x[0], micro),
-                                           cfg, load_LxE))
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), (zeros[1], zeros[0][1]))
-    (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
-    grads, metrics = jax.tree.map(lambda x: x / n, (grads, metrics))
-  metrics.pop('_load_LxE', None)
+    pooled = None
+    if pools_stats:
+      # Statistics that must cover the whole global batch (the MoE's global load-balancing
+      # loss): one forward pass over all micro-batches gathers them first (one extra forward).
+      def stats_of(_, mb):
+        return None, loss_fn(params, graphdef, mb, tc)[1][1]
+      pooled = jax.lax.stop_gradient(jnp.mean(jax.lax.scan(stats_of, None, micro)[1], 0))
+    grads, metrics = _accumulated_grads(grad_fn, params, micro, pooled)
   updates, opt_state = optimizer.update(grads, opt_state, params)
   params = optax.apply_updates(params, updates)
   metrics['grad_norm'] = optax.tree.norm(grads)
@@ -128,71 +125,92 @@ def train_step(params, opt_state, batch, *, graphdef, cfg, optimizer):
   return params, opt_state, metrics
 
 
-def eval_step(params, batch, *, graphdef, cfg):
+def eval_step(params, batch, *, graphdef, tc):
   """Summed cross-entropy and token count (so batches can be pooled exactly)."""
-  _, m = loss_fn(params, graphdef, batch, cfg)
+  _, (m, _) = loss_fn(params, graphdef, batch, tc)
   tokens = jnp.sum(batch['loss_mask'])
   return {'loss_sum': m['loss'] * tokens, 'tokens': tokens}
 
 
 def inspect_step(params, batch, *, graphdef):
   """Per-layer analysis statistics (F-Attn, M-Act, gate scores, sparsity) on one batch."""
-  model = nnx.merge(graphdef, params)
-  _, aux = model(batch['inputs'], inspect=True)
-  return aux
+  return model_lib.inspect(nnx.merge(graphdef, params), batch['inputs'])[1]
+
+
+def mesh_platform(mesh) -> str:
+  """The platform of a mesh's devices ('cpu', 'gpu', 'tpu'); an AbstractMesh (memory estimates)
+  has no devices: JAX's default backend."""
+  if isinstance(mesh, jax.sharding.Mesh):
+    return mesh.devices.flat[0].platform
+  return jax.default_backend()
+
+
+def check_train_config(cfg, batch_shards: int, mesh_shape: dict):
+  """Train settings that cannot work on this mesh, named (before anything compiles)."""
+  tc = cfg.train
+  if tc.grad_accum < 1 or tc.batch_size % tc.grad_accum:
+    raise ConfigError(f'config.train.batch_size={tc.batch_size} must be divisible by '
+                      f'config.train.grad_accum={tc.grad_accum} (>= 1).')
+  for name, size in (('batch_size', tc.batch_size),
+                     ('batch_size / grad_accum', tc.batch_size // tc.grad_accum)):
+    if size % batch_shards:
+      raise ConfigError(f'config.train.{name}={size} must be divisible by the {batch_shards} '
+                        f'data-parallel shards of mesh {mesh_shape}.')
+  chunk = tc.loss_chunk_size
+  if chunk < 0 or (chunk and cfg.data.seq_len % chunk):
+    raise ConfigError(f'config.train.loss_chunk_size={chunk} must be 0 (off) or divide '
+                      f'config.data.seq_len={cfg.data.seq_len}.')
 
 
 class Setup:
-  """Model structure, shardings and compiled steps for one config on one mesh."""
+  """Model structure, shardings and compiled steps for one config on one mesh.
+
+  `model_cfg` is the typed ModelConfig (built here, at the boundary, for the mesh's platform);
+  `graphdef`, `abstract_params` / `abstract_opt` (ShapeDtypeStructs carrying their shardings),
+  and the jitted `init_fn`, `train_step`, `eval_step`, `inspect_step`.
+  """
 
   def __init__(self, cfg, mesh):
     self.cfg, self.mesh = cfg, mesh
     self.rules = sharding.get_rules(cfg.mesh.rules)
-    # moe.grouped_matmul='auto' resolved for this mesh's devices (megablox on TPU).
-    self.model_cfg = moe_lib.resolve_model_config(cfg.model, mesh)
-    abstract = model_lib.abstract_model(self.model_cfg)
-    self.graphdef, abstract_state = nnx.split(abstract)
+    self.model_cfg = ModelConfig.from_config(cfg.model, platform=mesh_platform(mesh))
+    self.graphdef, abstract_state = nnx.split(model_lib.abstract_model(self.model_cfg))
+    self._shardings(abstract_state)
+    check_train_config(cfg, self.batch_shards, dict(mesh.shape))
+    self._compile_steps()
+
+  def _shardings(self, abstract_state):
+    mesh = self.mesh
     specs = nnx.to_pure_dict(sharding.param_specs(abstract_state, self.rules, mesh.shape))
     self.param_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
     self.abstract_params = jax.tree.map(
         lambda v, sh: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh),
         nnx.to_pure_dict(abstract_state), self.param_shardings)
-    self.optimizer = make_optimizer(cfg.train)
+    self.optimizer = make_optimizer(self.cfg.train)
     abstract_opt = jax.eval_shape(self.optimizer.init, self.abstract_params)
-    replicated = NamedSharding(mesh, P())
+    self.replicated = NamedSharding(mesh, P())
     self.opt_shardings = optax.tree_map_params(
         self.optimizer, lambda _, sh: sh, abstract_opt, self.param_shardings,
-        transform_non_params=lambda _: replicated)
+        transform_non_params=lambda _: self.replicated)
     self.abstract_opt = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
         abstract_opt, self.opt_shardings)
     batch_axes = sharding.logical_to_spec(('batch',), self.rules)
     self.batch_sharding = NamedSharding(mesh, P(batch_axes[0], None))
-    self.batch_shards = batch_shards = sharding.spec_size(self.batch_sharding.spec, mesh.shape)
-    for name, size in (('batch_size', cfg.train.batch_size),
-                       ('batch_size / grad_accum', cfg.train.batch_size // cfg.train.grad_accum)):
-      if size % batch_shards:
-        raise ValueError(f'config.train.{name}={size} must be divisible by the {batch_shards} '
-                         f'data-parallel shards of mesh {dict(mesh.shape)}.')
-    chunk = cfg.train.loss_chunk_size
-    if chunk < 0 or (chunk and cfg.data.seq_len % chunk):
-      raise ValueError(f'config.train.loss_chunk_size={chunk} must be 0 (off) or divide '
-                       f'config.data.seq_len={cfg.data.seq_len}.')
-    if cfg.train.batch_size % cfg.train.grad_accum:
-      raise ValueError(f'config.train.batch_size={cfg.train.batch_size} must be divisible by '
-                       f'config.train.grad_accum={cfg.train.grad_accum}.')
+    self.batch_shards = sharding.spec_size(self.batch_sharding.spec, mesh.shape)
 
-    with_rules = lambda f: self._with_rules(f)  # noqa: E731
+  def _compile_steps(self):
+    with_rules, tc, replicated = self._with_rules, self.cfg.train, self.replicated
     self.init_fn = jax.jit(with_rules(self._init), out_shardings=(self.param_shardings,
                                                                    self.opt_shardings))
     self.train_step = jax.jit(
-        with_rules(functools.partial(train_step, graphdef=self.graphdef, cfg=cfg,
-                                     optimizer=self.optimizer)),
+        with_rules(functools.partial(train_step, graphdef=self.graphdef, tc=tc,
+                                     pools_stats=self.model_cfg.pools_ffn_stats, optimizer=self.optimizer)),
         in_shardings=(self.param_shardings, self.opt_shardings, self.batch_sharding),
         out_shardings=(self.param_shardings, self.opt_shardings, replicated),
         donate_argnums=(0, 1))
     self.eval_step = jax.jit(
-        with_rules(functools.partial(eval_step, graphdef=self.graphdef, cfg=cfg)),
+        with_rules(functools.partial(eval_step, graphdef=self.graphdef, tc=tc)),
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
     self.inspect_step = jax.jit(
         with_rules(functools.partial(inspect_step, graphdef=self.graphdef)),

@@ -11,3 +11,9 @@ def perturb(module, seed, scale=0.1):
   keys = jax.random.split(jax.random.key(seed), len(leaves))
   leaves = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
   nnx.update(module, jax.tree_util.tree_unflatten(treedef, leaves))
+
+
+def model_config(model_section):
+  """The typed ModelConfig of a config's `model` section (a ConfigDict)."""
+  from gated_attention.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  return ModelConfig.from_config(model_section)

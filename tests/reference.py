@@ -1,6 +1,6 @@
 """A plain numpy float64 reference of the dense gated-attention decoder, for the tests.
 
-Written from the paper (PAPER.md) and the Hugging Face conventions (Qwen3 / LLaMA rotate-half
+Written from the paper (Qiu et al. 2025, Sec. 2-3 and Appendix) and the Hugging Face conventions (Qwen3 / LLaMA rotate-half
 RoPE, HF's YaRN), independently of the JAX code: nothing here imports jax, flax or
 gated_attention. Only the parameter *names* follow the JAX model, so that the parameters can be
 taken from `nnx.state(model)` (see `to_float64`).

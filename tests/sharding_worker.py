@@ -64,7 +64,8 @@ def batch():
 def grad_fn(setup):
   def f(params, b):
     with sharding.use_rules(setup.rules):
-      return jax.value_and_grad(train.loss_fn, has_aux=True)(params, setup.graphdef, b, setup.cfg)
+      return jax.value_and_grad(train.loss_fn, has_aux=True)(params, setup.graphdef, b,
+                                                             setup.cfg.train)
   return f
 
 
@@ -72,8 +73,10 @@ def init_params(kind):
   """One set of parameters (numpy), built eagerly on one device without any mesh."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.config import ModelConfig  # pylint: disable=g-import-not-at-top
   with jax.default_device(jax.devices()[0]):
-    model = model_lib.Transformer(config(kind).model, rngs=nnx.Rngs(params=jax.random.key(0)))
+    model = model_lib.Transformer(ModelConfig.from_config(config(kind).model),
+                                  rngs=nnx.Rngs(params=jax.random.key(0)))
     return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model)))
 
 
@@ -81,8 +84,9 @@ def reference(kind, params):
   """Loss and gradients on one device, with no mesh and no sharding rules at all."""
   c = config(kind)
   setup = train.Setup(c, sharding.build_mesh(c.mesh, jax.devices()[:1]))
-  f = jax.jit(lambda p, b: jax.value_and_grad(train.loss_fn, has_aux=True)(p, setup.graphdef, b, c))
-  (loss, metrics), grads = f(params, batch())
+  f = jax.jit(lambda p, b: jax.value_and_grad(train.loss_fn, has_aux=True)(p, setup.graphdef, b,
+                                                                          c.train))
+  (loss, (metrics, _)), grads = f(params, batch())
   return float(loss), {k: float(v) for k, v in metrics.items() if np.ndim(v) == 0}, grads
 
 
@@ -107,7 +111,7 @@ def run_case(kind, rules, params, ref):
     f = jax.jit(grad_fn(setup), in_shardings=(setup.param_shardings, setup.batch_sharding),
                 out_shardings=((NamedSharding(mesh, P()), NamedSharding(mesh, P())),
                                setup.param_shardings))
-    (loss, metrics), grads = f(p, b)
+    (loss, (metrics, _)), grads = f(p, b)
   ref_loss, ref_metrics, ref_grads = ref
   errs = jax.tree.map(lambda g, r: float(np.max(np.abs(np.asarray(g) - np.asarray(r)))
                                          / (np.max(np.abs(np.asarray(r))) + 1e-30)),
@@ -141,8 +145,8 @@ def restore_case():
   opt = jax.tree.map(lambda x: x + (0.5 if np.issubdtype(x.dtype, np.floating) else 3), opt)
   data = input_pipeline.build_data(c8.data, global_batch_size=B, seed=0)
   workdir = tempfile.mkdtemp()
-  ck = ckpt_lib.Checkpointer(workdir, c8, keep=2, every=1)
-  ck.save(1, {'params': params, 'opt_state': opt}, data.train_iter, force=True)
+  ck = ckpt_lib.Checkpointer(workdir, keep=2)
+  ck.save(1, {'params': params, 'opt_state': opt}, data.train_iter)
   ck.close()
   expected = jax.tree.map(np.asarray, {'params': params, 'opt_state': opt})
   out['saved'] = leaf_report(params)
@@ -150,7 +154,7 @@ def restore_case():
                                (1, dict(data=1), 'data_parallel')):
     c = config('moe', rules, mesh_sizes)
     s = train.Setup(c, sharding.build_mesh(c.mesh, jax.devices()[:n]))
-    ck = ckpt_lib.Checkpointer(workdir, c, keep=2, every=1)
+    ck = ckpt_lib.Checkpointer(workdir, read_only=True)
     data = input_pipeline.build_data(c.data, global_batch_size=B, seed=0)
     got = ck.restore(ck.latest_step(), {'params': s.abstract_params, 'opt_state': s.abstract_opt},
                      data.train_iter)

@@ -27,6 +27,7 @@ from gated_attention import attention, gating
 from gated_attention import model as model_lib
 from gated_attention import train as train_lib
 from gated_attention.analysis import analyze, compare, metrics, runs
+from tests.jax_helpers import model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, D, H, K, HD = 16, 16, 4, 2, 8
@@ -49,7 +50,7 @@ def _model_cfg(**gate):
 
 def _constructed_model(spike=50.0, value_scale=0.0, **gate):
   cfg = _model_cfg(**gate)
-  model = model_lib.Transformer(cfg, rngs=nnx.Rngs(0))
+  model = model_lib.Transformer(model_config(cfg), rngs=nnx.Rngs(0))
   emb = np.zeros((V, D), np.float32)
   emb[:, B_CH] = 1.0
   emb[BOS, A_CH] = 1.0
@@ -184,7 +185,7 @@ def test_sparsity_on_constructed_y():
 
 def test_input_independent_gate_at_init_is_one_half():
   cfg = _model_cfg(position='g1', input_dependent=False)
-  model = model_lib.Transformer(cfg, rngs=nnx.Rngs(3))   # random weights, zero gate bias
+  model = model_lib.Transformer(model_config(cfg), rngs=nnx.Rngs(3))   # random weights, zero gate bias
   aux = _run_inspect(model, np.random.default_rng(0).integers(0, V, (2, 10)))
   g = aux['gate']
   np.testing.assert_array_equal(g['mean'], [0.5, 0.5])

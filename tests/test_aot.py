@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import pytest
 
 from configs import g1_elementwise
-from gated_attention import aot
+from gated_attention import aot, chips, hlo_cost
 from gated_attention import model as model_lib
+from tests.jax_helpers import model_config
 
 HAS_LIBTPU = importlib.util.find_spec('libtpu') is not None
 needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason='libtpu not installed '
@@ -38,11 +39,11 @@ def test_parse_topology():
 
 
 def test_chip_specs():
-  for name, spec in aot.CHIPS.items():
+  for name, spec in chips.CHIPS.items():
     assert spec['peak_bf16_flops'] > 1e14 and spec['hbm_bytes'] >= 16 * 2**30, name
     assert spec['hbm_bandwidth'] > 5e11, name
-  assert aot.chip_spec('TPU v5 lite')['chip'] == 'v5e'
-  assert aot.chip_spec('cpu') is None
+  assert chips.chip_spec('TPU v5 lite')['chip'] == 'v5e'
+  assert chips.chip_spec('cpu') is None
 
 
 def test_count_collectives():
@@ -50,7 +51,7 @@ def test_count_collectives():
          '%ag = (bf16[8]) all-gather-start(%p)\n'
          '%fusion.1 = f32[2]{0} fusion(%x), kind=kCustom, calls=%all-reduce-scatter.9.clone\n'
          '%all-reduce.1 = f32[] all-reduce(%y), to_apply=%add\n')
-  c = aot.count_collectives(hlo)
+  c = hlo_cost.count_collectives(hlo)
   assert c['all-gather'] == 2 and c['reduce-scatter'] == 1 and c['all-reduce'] == 1
   assert c['all-to-all'] == 0
 
@@ -61,7 +62,7 @@ def test_jaxpr_cost_counts_scan_trip_counts():
       return h @ w, None
     return jax.lax.scan(body, x, ws)[0].sum()
   x, ws = jnp.ones((4, 8)), jnp.ones((6, 8, 8))
-  cost = aot._jaxpr_cost(jax.make_jaxpr(f)(x, ws))
+  cost = hlo_cost.jaxpr_cost(jax.make_jaxpr(f)(x, ws))
   assert cost['flops'] == 6 * 2 * 4 * 8 * 8
   assert cost['flops_once'] == 2 * 4 * 8 * 8
 
@@ -70,7 +71,7 @@ def test_jaxpr_cost_ragged_dot_counts_each_row_once():
   def f(x, w, gs):
     return jax.lax.ragged_dot(x, w, gs).sum()
   x, w, gs = jnp.ones((8, 4)), jnp.ones((2, 4, 3)), jnp.array([3, 5])
-  cost = aot._jaxpr_cost(jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(x, w, gs))
+  cost = hlo_cost.jaxpr_cost(jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(x, w, gs))
   assert cost['flops'] == 3 * 2 * 8 * 4 * 3  # forward, d/dx, d/dw: each 2 m k n
 
 
@@ -80,7 +81,7 @@ def test_hlo_loop_cost_counts_loop_bodies_per_iteration():
   costs = {}
   for n in (3, 6):
     hlo = jax.jit(f).lower(jnp.ones((64, 256)), jnp.ones((n, 256, 256))).compile().as_text()
-    costs[n] = aot._hlo_loop_cost(hlo)
+    costs[n] = hlo_cost.hlo_loop_cost(hlo)
   per_iteration = [(c['bytes'] - c['bytes_once']) / (n - 1) for n, c in costs.items()]
   # Per iteration: the weight slice (256 KiB; sliced, then read by the matmul) and the small
   # activations, not the whole stacked weights: the same for 3 and 6 layers.
@@ -124,7 +125,7 @@ def test_compiles_for_four_chip_topology_with_fsdp(fitting_report):
   assert 'all-gather' in r['_hlo']
   # XLA's FLOPs (scaled for loop trip counts) agree with the analytic count.
   cfg = tiny_fsdp()
-  analytic = model_lib.train_flops_per_token(cfg.model, cfg.data.seq_len) * 16 * 128
+  analytic = model_lib.train_flops_per_token(model_config(cfg.model), cfg.data.seq_len) * 16 * 128
   assert r['flops']['analytic_per_step'] == analytic
   assert 0.9 < r['flops']['xla_over_analytic'] < 1.5, r['flops']
   assert r['flops']['loop_scale'] > 1  # the scanned layers are a while loop
@@ -162,5 +163,5 @@ def test_jaxpr_cost_counts_every_shard_of_a_shard_map():
   f = jax.shard_map(lambda a: a @ a.T, mesh=mesh, in_specs=P('x'), out_specs=P('x'))
   x = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=NamedSharding(mesh, P('x')))
   with jax.sharding.use_abstract_mesh(mesh):
-    cost = aot._jaxpr_cost(jax.make_jaxpr(f)(x))
+    cost = hlo_cost.jaxpr_cost(jax.make_jaxpr(f)(x))
   assert cost['flops'] == 4 * (2 * 4 * 4 * 8)  # 4 shards, each [4, 8] @ [8, 4]

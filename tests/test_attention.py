@@ -10,7 +10,8 @@ from flax import nnx
 
 from gated_attention import attention
 from tests import reference as ref
-from tests.jax_helpers import perturb
+from gated_attention import layers
+from tests.jax_helpers import model_config, perturb
 
 B, T = 2, 8
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -33,7 +34,7 @@ def _jitted(module):
   @jax.jit
   def both(state, x, pos):
     attn = nnx.merge(graphdef, state)
-    return attn(x, pos), attn(x, pos, inspect=True)
+    return (attn(x, pos), {}), layers.capture_stats(attn, x, pos)
 
   return lambda x, pos: both(state, x, pos)
 
@@ -137,7 +138,7 @@ def modules():
   def get(case):
     if case not in cache:
       cfg = _module_cfg(case)
-      attn = attention.Attention(cfg, rngs=nnx.Rngs(11))
+      attn = attention.Attention(model_config(cfg), rngs=nnx.Rngs(11))
       perturb(attn, seed=12)
       both = _jitted(attn)
       x = _randn(13, (B, T, cfg.hidden_size))
@@ -191,10 +192,10 @@ def test_inspect_stats(modules, case):
 
 def test_attention_map_is_truncated_to_attn_map_len(modules):
   m = modules('qk_norm')
-  attn = attention.Attention(m['cfg'], rngs=nnx.Rngs(11))
+  attn = attention.Attention(model_config(m['cfg']), rngs=nnx.Rngs(11))
   nnx.update(attn, nnx.state(m['attn'], nnx.Param))
   attn.attn_map_len = 3
-  _, stats = attn(m['x'], m['pos'], inspect=True)
+  _, stats = layers.capture_stats(attn, m['x'], m['pos'])
   assert stats['attn_map'].shape == (3, 3)        # the top-left corner of the full map
   np.testing.assert_allclose(stats['attn_map'], m['extras']['probs'][0].mean(axis=0)[:3, :3],
                              rtol=1e-5, atol=1e-6)
@@ -203,7 +204,7 @@ def test_attention_map_is_truncated_to_attn_map_len(modules):
 def test_attention_rejects_heads_not_multiple_of_kv_heads():
   cfg = ref.tiny_model_config('baseline', num_heads=6, num_kv_heads=4)
   with pytest.raises(ValueError, match='num_kv_heads'):
-    attention.Attention(cfg, rngs=nnx.Rngs(0))
+    attention.Attention(model_config(cfg), rngs=nnx.Rngs(0))
 
 
 def test_softmax_scale_is_inverse_sqrt_head_dim():

@@ -9,6 +9,7 @@ from flax import nnx
 from configs import base
 from gated_attention import gating, model
 from tests import reference as ref
+from tests.jax_helpers import model_config
 
 VARIANTS = ref.variant_names()
 DENSE_SCALES = ('tiny', 'dense_1p7b_28l', 'dense_1p7b_48l')
@@ -66,7 +67,7 @@ def test_variant_builds_and_validates(variant):
   assert diff == allowed
   assert c.train == b.train and c.data == b.data
   # the model can be built (abstractly: no memory, no FLOPs)
-  assert model.param_report(c.model)['total'] > 0
+  assert model.param_report(model_config(c.model))['total'] > 0
 
 
 @pytest.mark.parametrize('variant', [v for v in VARIANTS if v != 'baseline_more_experts'])
@@ -128,7 +129,7 @@ def test_paper_scale_shapes():
 
 def _loss_and_grads(remat):
   cfg = ref.tiny_model_config('g1_elementwise', remat=remat)
-  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  m = model.Transformer(model_config(cfg), rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, cfg.vocab_size)
 
   @nnx.jit
@@ -163,6 +164,6 @@ def test_remat_policy_gives_same_loss_and_grads(no_remat, remat):
 
 def test_unknown_remat_policy_is_rejected():
   cfg = ref.tiny_model_config('baseline', remat='everything')
-  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match='remat'):
+    m = model.Transformer(model_config(cfg), rngs=nnx.Rngs(0))
     m(jax.random.randint(jax.random.key(0), (1, 4), 0, cfg.vocab_size))

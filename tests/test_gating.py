@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import gating
+from gated_attention import gating, layers
 from tests import reference as ref
 
 B, T, D, H, K, d = 2, 8, 32, 4, 2, 8
@@ -249,8 +249,7 @@ def test_bfloat16_tensor_keeps_its_dtype():
 def test_stats_record_gate_scores():
   gate = make_gate(spec_of('g1_elementwise'), seed=1)
   x, y = _randn(2, (B, T, D)), _randn(3, (B, T, H, d))
-  stats = {}
-  gate('sdpa', y, x, stats)
+  _, stats = layers.capture_stats(gate, 'sdpa', y, x)
   s = np.asarray(gate.scores(x))
   np.testing.assert_allclose(stats['gate']['mean'], s.mean(), rtol=1e-5)
   np.testing.assert_allclose(stats['gate']['frac_below_0.1'], (s < 0.1).mean(), atol=1e-6)

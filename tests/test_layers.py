@@ -52,7 +52,8 @@ def test_swiglu_mlp_matches_numpy():
   assert mlp.wi_gate[...].shape == (D, F) and mlp.wi_up[...].shape == (D, F)
   assert mlp.wo[...].shape == (F, D)
   x = _randn(4, (B, T, D))
-  got = mlp(x)
+  got, aux = mlp(x)
+  assert aux == {}
   want = ref.swiglu(_f64(x), _f64(mlp.wi_gate[...]), _f64(mlp.wi_up[...]), _f64(mlp.wo[...]))
   np.testing.assert_allclose(got, want, **TOL)
   # silu is applied to the gate branch, not the up branch

@@ -11,7 +11,8 @@ from flax import nnx
 
 from gated_attention import model
 from tests import reference as ref
-from tests.jax_helpers import perturb
+from gated_attention import config as config_lib
+from tests.jax_helpers import model_config, perturb
 
 B, T = 2, 8
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -43,11 +44,11 @@ class Built:
 
   def __init__(self, case, seed=0):
     self.cfg = _case_config(case)
-    self.model = model.Transformer(self.cfg, rngs=nnx.Rngs(seed))
+    self.model = model.Transformer(model_config(self.cfg), rngs=nnx.Rngs(seed))
     perturb(self.model, seed + 1)
     graphdef, self.state = nnx.split(self.model)
     self._fwd = jax.jit(lambda state, toks: nnx.merge(graphdef, state)(toks)[0])
-    self._fwd_inspect = jax.jit(lambda state, toks: nnx.merge(graphdef, state)(toks, inspect=True))
+    self._fwd_inspect = jax.jit(lambda state, toks: model.inspect(nnx.merge(graphdef, state), toks))
     self.params = ref.to_float64(nnx.to_pure_dict(nnx.state(self.model)))
     self.tokens = jax.random.randint(jax.random.key(seed + 2), (B, T), 0, self.cfg.vocab_size)
 
@@ -115,7 +116,7 @@ def test_bfloat16_compute_is_close_to_float32_reference(built):
   m = built('g1_headwise')
   cfg = _case_config('g1_headwise')
   cfg.dtype = 'bfloat16'
-  m16 = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  m16 = model.Transformer(model_config(cfg), rngs=nnx.Rngs(0))
   nnx.update(m16, nnx.state(m.model, nnx.Param))
   assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(nnx.state(m16, nnx.Param)))
   graphdef, state = nnx.split(m16)
@@ -241,7 +242,7 @@ def test_gate_formula_table_covers_every_gated_variant():
 def test_dense_param_count(variant, scale):
   cfg = ref.load_config(variant, scale).model
   s = variant_shapes(variant, SCALE_SHAPES[scale])
-  report = model.param_report(cfg)
+  report = model.param_report(model_config(cfg))
   want = expected_dense_total(variant, s)
   print(f'{variant:24s} {scale:16s} total={report["total"]:,} formula={want:,}')
   assert report['total'] == want
@@ -252,12 +253,12 @@ def test_dense_param_count(variant, scale):
 
 
 def test_1p7b_28l_baseline_is_1p7b():
-  totals = {scale: model.param_report(ref.load_config('baseline', scale).model)['total']
+  totals = {scale: model.param_report(model_config(ref.load_config('baseline', scale).model))['total']
             for scale in ('dense_1p7b_28l', 'dense_1p7b_48l')}
   print({k: f'{v / 1e9:.4f}B' for k, v in totals.items()})
   assert 1.6e9 <= totals['dense_1p7b_28l'] <= 1.8e9
   assert 1.6e9 <= totals['dense_1p7b_48l'] <= 1.9e9
-  gated = model.param_report(ref.load_config('g1_elementwise', 'dense_1p7b_28l').model)['total']
+  gated = model.param_report(model_config(ref.load_config('g1_elementwise', 'dense_1p7b_28l').model))['total']
   print(f'g1_elementwise dense_1p7b_28l: {gated / 1e9:.4f}B '
         f'(+{(gated - totals["dense_1p7b_28l"]) / 1e6:.1f}M = 28 * 2048 * 16 * 128)')
   assert gated - totals['dense_1p7b_28l'] == 28 * 2048 * 16 * 128
@@ -282,7 +283,7 @@ def test_moe_param_count(variant, scale):
                + D * E + experts                            # router + routed experts
                + GATE_PARAMS.get(variant, lambda *a: 0)(D, H, K, d))
   want = 2 * V * D + L * per_layer + D                      # untied embeddings
-  report = model.param_report(cfg)
+  report = model.param_report(model_config(cfg))
   print(f'{variant:24s} {scale:10s} total={report["total"]:,} active={report["active"]:,}')
   assert report['total'] == want
   assert report['active'] == want - L * experts * (E - k) // E
@@ -292,13 +293,13 @@ def test_moe_param_count(variant, scale):
 def test_ffn_match_baseline_keeps_the_baseline_parameter_count(variant):
   import importlib  # pylint: disable=g-import-not-at-top
   model_lib = model
-  base_total = model_lib.param_report(
-      importlib.import_module('configs.baseline').get_config('dense_1p7b_28l').model)['total']
+  base_total = model_lib.param_report(model_config(
+      importlib.import_module('configs.baseline').get_config('dense_1p7b_28l').model))['total']
   c = importlib.import_module(f'configs.{variant}').get_config('dense_1p7b_28l')
-  unmatched = model_lib.param_report(c.model)['total']
+  unmatched = model_lib.param_report(model_config(c.model))['total']
   c.model.ffn_match_baseline = True
-  matched = model_lib.param_report(c.model)['total']
+  matched = model_lib.param_report(model_config(c.model))['total']
   D, L = c.model.hidden_size, c.model.num_layers
   assert unmatched > base_total
   assert abs(matched - base_total) <= 1.5 * D * L, (matched, base_total)
-  assert model_lib.dense_ffn_size(c.model) < c.model.ffn_size
+  assert config_lib.dense_ffn_size(c.model) < c.model.ffn_size

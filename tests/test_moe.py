@@ -13,7 +13,9 @@ import pytest
 from flax import nnx
 
 from configs import base
+from gated_attention import grouped_matmul as gmm_lib
 from gated_attention import moe as moe_lib
+from tests.jax_helpers import model_config
 
 B, T, D, E, K, F = 2, 6, 8, 4, 2, 5
 jax.config.update('jax_default_matmul_precision', 'highest')
@@ -25,7 +27,7 @@ def make(dispatch='dropless', renormalize=False, shared=0, cf=1.25, lb='global',
   cfg.moe.update(num_experts=E, top_k=K, expert_ffn_size=F, num_shared_experts=shared,
                  renormalize=renormalize, dispatch=dispatch, capacity_factor=cf,
                  lb_loss_type=lb)
-  return moe_lib.MoE(cfg, rngs=nnx.Rngs(seed))
+  return moe_lib.MoE(model_config(cfg), rngs=nnx.Rngs(seed))
 
 
 def rand_x(seed=1):
@@ -172,7 +174,7 @@ def test_aux_losses_match_numpy():
   np.testing.assert_allclose(aux_g['load_max_over_mean'], counts.max() / counts.mean(), rtol=1e-6)
   # global_load_E override replaces the local f.
   f_glob = jax.random.dirichlet(jax.random.key(9), jnp.ones(E))
-  _, aux_o = m_g(x, global_load_E=f_glob)
+  _, aux_o = m_g(x, pooled=f_glob)
   np.testing.assert_allclose(aux_o['lb_loss'], E * np.sum(np.asarray(f_glob) * probs.mean(0)), rtol=1e-5)
 
 
@@ -217,7 +219,7 @@ def test_grouped_matmul_megablox_matches_ragged_dot(M, Kd, N):
   c = jax.random.normal(kc, (M, N), jnp.float32)
 
   def loss(x, w, impl):
-    y = moe_lib.grouped_matmul(x, w, sizes, impl)
+    y = gmm_lib.grouped_matmul(x, w, sizes, impl)
     return jnp.sum(y * c), y
 
   (l_r, y_r), (gx_r, gw_r) = jax.value_and_grad(loss, (0, 1), has_aux=True)(x, w, 'ragged_dot')
@@ -232,13 +234,13 @@ def test_grouped_matmul_megablox_matches_ragged_dot(M, Kd, N):
 
 def test_grouped_matmul_config_and_errors():
   assert base.moe_config().grouped_matmul == 'auto'
-  assert moe_lib.resolve_grouped_matmul('auto', 'tpu') == 'megablox'
-  assert moe_lib.resolve_grouped_matmul('auto', 'cpu') == 'ragged_dot'
-  assert moe_lib.resolve_grouped_matmul('megablox', 'cpu') == 'megablox'
+  assert gmm_lib.resolve('auto', 'tpu') == 'megablox'
+  assert gmm_lib.resolve('auto', 'cpu') == 'ragged_dot'
+  assert gmm_lib.resolve('megablox', 'cpu') == 'megablox'
   with pytest.raises(ValueError, match='grouped_matmul'):
-    moe_lib.resolve_grouped_matmul('dense', 'cpu')
+    gmm_lib.resolve('dense', 'cpu')
   with pytest.raises(ValueError, match='config.model.moe.grouped_matmul'):
-    moe_lib.grouped_matmul(jnp.ones((128, 2100)), jnp.ones((2, 2100, 128)),
+    gmm_lib.grouped_matmul(jnp.ones((128, 2100)), jnp.ones((2, 2100, 128)),
                            jnp.array([64, 64], jnp.int32), 'megablox_interpret')
 
 
@@ -249,12 +251,12 @@ def test_moe_layer_megablox_interpret_matches_ragged_dot():
     cfg.update(hidden_size=128, init_std=0.05, dtype='float32')
     cfg.moe.update(num_experts=4, top_k=2, expert_ffn_size=96, dispatch='dropless',
                    grouped_matmul=impl)
-    return moe_lib.MoE(cfg, rngs=nnx.Rngs(0))
+    return moe_lib.MoE(model_config(cfg), rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(1), (2, 24, 128), jnp.float32)
   outs = []
   for impl in ('ragged_dot', 'megablox_interpret'):
     m = build(impl)
-    assert m.grouped_matmul == impl
+    assert m.spec.grouped_matmul == impl
     def loss(m, x):
       y = m(x)[0]
       return jnp.sum(y ** 2), y

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 from configs import base
 from gated_attention import distributed, memory, sharding, train
 from gated_attention import model as model_lib
+from tests.jax_helpers import model_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = ('data_parallel', 'fsdp', 'fsdp_tensor', 'fsdp_expert')
@@ -38,7 +39,7 @@ def _mesh_cfg(**sizes):
 
 
 def _logical_names(cfg_model):
-  _, state = nnx.split(model_lib.abstract_model(cfg_model))
+  _, state = nnx.split(model_lib.abstract_model(model_config(cfg_model)))
   names = set()
   for v in jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, nnx.Variable)):
     names.update(sharding.param_logical_axes(v))
@@ -51,7 +52,7 @@ def test_every_parameter_has_logical_axes_and_the_rules_name_only_mesh_axes():
   for scale, gate in (('tiny', 'g1'), ('tiny', 'g5'), ('moe_tiny', 'g2')):
     c = base.get_config(scale)
     c.model.gate.position = gate
-    _, state = nnx.split(model_lib.abstract_model(c.model))
+    _, state = nnx.split(model_lib.abstract_model(model_config(c.model)))
     for v in jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, nnx.Variable)):
       axes = v.get_metadata().get('logical_axes')
       ndim = len(sharding.value_shape(v))

@@ -7,8 +7,10 @@ The run's own config (RUN/config.json) is used, so --workdir is all it needs; co
 overrides (--config.X=...) are applied on top of it, for the things that may change without
 changing the checkpoint: the number and size of the held-out batches (data.val_batches,
 train.batch_size), data.seq_len, the data source, the mesh and model.dtype / remat /
-attention_impl. An override of the model's structure or the tokenizer is refused. The --config
-file itself is ignored (a note is printed when its model differs from the run's).
+attention_impl. Overrides of the model's structure or the tokenizer are accepted when they equal
+the saved values (so the training command line works as it is) and refused, all of them listed,
+when they differ. The --config file itself is ignored (a note is printed when its model differs
+from the run's).
 
 Writes RUN/analysis/report.json (see metrics.report for the keys), attention_maps.npz and the
 figures f_attn.png, m_act.png, gate.png (gated runs), sparsity.png, attention_maps.png.
@@ -23,24 +25,26 @@ import jax
 import ml_collections
 import numpy as np
 
+from configs import base as base_config
 from gated_attention import checkpoint as ckpt_lib
+from gated_attention import evaluate as eval_lib
 from gated_attention import gating
 from gated_attention import train as train_lib
 from gated_attention.analysis import metrics, plots, runs
 
-# Analysis options; set them with `options=` (Python) or, when the config has an `analysis`
-# section, with --config.analysis.<name>=... . 0 / '' / -1 mean "the run's own value".
-DEFAULT_OPTIONS = dict(
-    num_batches=0,          # held-out batches (0: data.val_batches, after overrides)
-    batch_size=0,           # sequences per batch (0: train.batch_size, after overrides)
-    attn_map_layers='',     # comma-separated layer indices for attention_maps.png ('' : first, middle, last)
-    step=-1,                # checkpoint step (-1: the latest)
-)
-# Config fields an override may change without touching what the checkpoint holds.
-_MODEL_FREE = ckpt_lib._MODEL_FREE  # pylint: disable=protected-access
+# Analysis options: the `analysis` section of the config (configs/base.py), set with
+# --config.analysis.<name>=... or `options=`; 0 / '' / -1 mean "the run's own value".
+DEFAULT_OPTIONS = base_config.analysis_config().to_dict()
+DEFINITIONS = {
+    'f_attn': 'attention probability to position 0, mean over heads and queries 1..T-1',
+    'm_act_mean': 'mean over layers of max |h| of the layer output (after the FFN residual)',
+    'gate_score_mean': 'mean gate score act(XW), averaged over layers',
+    'sparsity': 'SDPA output Y before/after the gate: mean |Y|, fraction |Y| < 1e-2, 1e-3',
+    'ppl': 'exp(mean token cross-entropy) on the held-out batches',
+}
 
 
-class AnalysisError(ValueError):
+class AnalysisError(runs.RunError):
   pass
 
 
@@ -54,31 +58,55 @@ def _cli_overrides() -> tuple[dict, bool]:
   return dict(getattr(flag, 'override_values', None) or {}), bool(flag.present)
 
 
-def _check_override(path: str):
+def _fixed(path: str) -> bool:
+  """Whether the checkpoint fixes this config field (the model's structure, the tokenizer)."""
   parts = path.split('.')
-  if parts[0] == 'model' and parts[1] not in _MODEL_FREE:
-    raise AnalysisError(
-        f'--config.{path} changes the model, which must match the checkpoint; the analysis uses '
-        f'the run\'s saved config (only model.{", model.".join(_MODEL_FREE)} may be overridden).')
-  if path == 'data.tokenizer':
-    raise AnalysisError('--config.data.tokenizer must stay the run\'s tokenizer (the model was '
-                        'trained on its token ids).')
+  return (parts[0] == 'model' and parts[1] not in ckpt_lib.MODEL_FREE) or path == 'data.tokenizer'
+
+
+def _saved_value(saved, path: str):
+  node = saved
+  for part in path.split('.'):
+    node = node[part]
+  return node
 
 
 def analysis_config(saved, overrides: dict) -> ml_collections.ConfigDict:
-  """The saved config with `overrides` ({'data.val_batches': 8, ...}) applied; checked."""
+  """The saved config with `overrides` ({'data.val_batches': 8, ...}) applied. Overrides of
+  what the checkpoint fixes must equal the saved values; every one that differs is listed."""
   cfg = ml_collections.ConfigDict(saved.to_dict())
-  flat = {}
+  flat, diffs = {}, []
   for path, value in overrides.items():
     if path.split('.')[0] == 'analysis':
       continue
-    _check_override(path)
+    if _fixed(path):
+      try:
+        same = _saved_value(saved, path) == value
+      except (KeyError, AttributeError):
+        same = False
+      if not same:
+        diffs.append(path)
+      continue
     flat[path] = value
+  if diffs:
+    raise AnalysisError(
+        'These overrides change what the checkpoint fixes (the model, or the tokenizer it was '
+        'trained on): ' + ', '.join(f'--config.{p}={overrides[p]!r} (saved: '
+                                    f'{_saved_value_or_none(saved, p)!r})' for p in diffs) +
+        f'. Drop them; only model.{", model.".join(ckpt_lib.MODEL_FREE)} and the data / batch '
+        'settings may differ from the run\'s saved config.')
   try:
     cfg.update_from_flattened_dict(flat)
   except (KeyError, AttributeError, TypeError) as e:
     raise AnalysisError(f'Cannot apply the overrides {flat} to the run\'s config: {e}') from e
   return cfg
+
+
+def _saved_value_or_none(saved, path):
+  try:
+    return _saved_value(saved, path)
+  except (KeyError, AttributeError):
+    return None
 
 
 def _options(config, overrides: dict, options: dict | None) -> dict:
@@ -113,6 +141,84 @@ def _write_json(path: str, obj):
   os.replace(path + '.tmp', path)
 
 
+def _prepare(config, workdir, overrides, options):
+  """(analysis config, options, checkpoint step) from the saved config and the overrides."""
+  saved = runs.read_config(workdir)
+  if not runs.checkpoint_steps(workdir):
+    raise AnalysisError(f'{workdir!r} has no finished checkpoint under checkpoints/: nothing to '
+                        'analyse. Train first (checkpoints are written every '
+                        'config.train.checkpoint_every steps and at the end).')
+  config_given = False
+  if overrides is None:
+    overrides, config_given = _cli_overrides() if config is not None else ({}, False)
+  opts = _options(config, overrides, options)
+  if config_given and config is not None:
+    diffs = ckpt_lib.config_differences(saved.to_dict(), json.loads(config.to_json()))
+    if diffs:
+      print(f'Note: analysing with the run\'s saved config ({saved.variant}); the --config file '
+            f'differs from it ({diffs[0]}{"..." if len(diffs) > 1 else ""}) and is ignored.')
+  cfg = analysis_config(saved, overrides)
+  step = runs.pick_step(workdir, None if int(opts['step']) < 0 else int(opts['step']))
+  if opts['num_batches']:
+    cfg.data.val_batches = int(opts['num_batches'])
+  if opts['batch_size']:
+    cfg.train.batch_size = int(opts['batch_size'])
+  cfg.train.grad_accum = 1  # the analysis does no training step
+  if cfg.data.val_batches < 1:
+    raise AnalysisError('The analysis needs held-out batches: set --config.data.val_batches to '
+                        'at least 1.')
+  if cfg.data.seq_len < 2:
+    raise AnalysisError('F-Attn needs sequences of at least 2 tokens (--config.data.seq_len).')
+  return cfg, opts, step
+
+
+def _report(result, cfg, workdir, step, data, map_layers_spec) -> dict:
+  """metrics.report of the evaluation, with the run's identity and the definitions."""
+  single = jax.process_count() == 1
+  report = metrics.report(result.stats, loss=result.loss, tokens=result.tokens,
+                          batch_size=cfg.train.batch_size,
+                          inputs=result.inputs if single else None)
+  if report['gate'] is not None:
+    activation = gating.GateSpec.from_config(cfg.model.gate).activation
+    report['gate']['hist_range'] = list(gating.HIST_RANGE[activation])
+  if single:
+    for w in report['m_act_where'].values():
+      w['token_text'] = runs.token_labels(data.tokenizer, w['token_id'])
+  report.update(
+      workdir=os.path.abspath(workdir), step=step, variant=cfg.get('variant', ''),
+      scale=cfg.get('scale', ''), gate_spec=cfg.model.gate.to_dict(),
+      seq_len=int(cfg.data.seq_len), batch_size=int(cfg.train.batch_size),
+      tokenizer=data.tokenizer.name,
+      attn_map_layers=_map_layers(map_layers_spec, report['num_layers']),
+      definitions=DEFINITIONS)
+  return report
+
+
+def _write(report, result, data, out_dir):
+  """report.json, the figures and attention_maps.npz (process 0)."""
+  os.makedirs(out_dir, exist_ok=True)
+  title = f'{report["variant"]} step {report["step"]}'
+  figures = {'f_attn.png': plots.f_attn_figure(report, title=f'F-Attn: {title}'),
+             'm_act.png': plots.m_act_figure(report),
+             'sparsity.png': plots.sparsity_figure(report)}
+  if report['gate'] is not None:
+    figures['gate.png'] = plots.gate_figure(report)
+  maps = np.asarray(result.stats['attn_map'])
+  n = maps.shape[-1]
+  single = jax.process_count() == 1
+  tokens = result.inputs[0][0, :n] if single else np.zeros(0, np.int32)
+  labels = runs.token_labels(data.tokenizer, tokens) if single else None
+  figures['attention_maps.png'] = plots.attention_maps_figure(
+      maps, report['attn_map_layers'], labels,
+      title=f'{title}: head-averaged attention, held-out sample 0')
+  for name, fig in figures.items():
+    plots.save(fig, os.path.join(out_dir, name))
+  np.savez_compressed(os.path.join(out_dir, 'attention_maps.npz'), maps=maps.astype(np.float32),
+                      tokens=tokens)
+  report['figures'] = sorted(figures)
+  _write_json(os.path.join(out_dir, 'report.json'), report)
+
+
 def run(config, workdir: str, *, overrides: dict | None = None, options: dict | None = None,
         out_dir: str | None = None) -> dict:
   """Analyses the run in `workdir`; writes `out_dir` (default RUN/analysis); returns the report.
@@ -127,109 +233,24 @@ def run(config, workdir: str, *, overrides: dict | None = None, options: dict | 
     out_dir: where to write (default <workdir>/analysis).
   """
   t0 = time.time()
-  saved = runs.read_config(workdir)
-  steps = runs.checkpoint_steps(workdir)
-  if not steps:
-    raise AnalysisError(f'{workdir!r} has no finished checkpoint under checkpoints/: nothing to '
-                        'analyse. Train first (checkpoints are written every '
-                        'config.train.checkpoint_every steps and at the end).')
-  config_given = False
-  if overrides is None:
-    overrides, config_given = _cli_overrides() if config is not None else ({}, False)
-  opts = _options(config, overrides, options)
-  if config_given and config is not None:
-    diffs = ckpt_lib.config_differences(saved.to_dict(), json.loads(config.to_json()))
-    if diffs:
-      print(f'Note: analysing with the run\'s saved config ({saved.variant}); the --config file '
-            f'differs from it ({diffs[0]}{"..." if len(diffs) > 1 else ""}) and is ignored.')
-  cfg = analysis_config(saved, overrides)
-  step = steps[-1] if int(opts['step']) < 0 else int(opts['step'])
-  if step not in steps:
-    raise AnalysisError(f'{workdir!r} has no checkpoint at step {step}; it has {steps}.')
-  if opts['num_batches']:
-    cfg.data.val_batches = int(opts['num_batches'])
-  if opts['batch_size']:
-    cfg.train.batch_size = int(opts['batch_size'])
-  cfg.train.grad_accum = 1  # the analysis does no training step
-  if cfg.data.val_batches < 1:
-    raise AnalysisError('The analysis needs held-out batches: set --config.data.val_batches to '
-                        'at least 1.')
-  if cfg.data.seq_len < 2:
-    raise AnalysisError('F-Attn needs sequences of at least 2 tokens (--config.data.seq_len).')
-
+  cfg, opts, step = _prepare(config, workdir, overrides, options)
   import input_pipeline  # pylint: disable=g-import-not-at-top
   data = input_pipeline.build_data(
       cfg.data, global_batch_size=cfg.train.batch_size, seed=cfg.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
-  mesh = runs.build_mesh(cfg)
-  setup = train_lib.Setup(cfg, mesh)
+  setup = train_lib.Setup(cfg, runs.build_mesh(cfg))
   params = runs.restore_params(setup, workdir, step)
-
-  auxes, shapes, inputs = [], [], []
-  loss_sum = tokens = 0.0
-  with jax.set_mesh(mesh):
-    for local in data.val_batches():
-      batch = setup.global_batch(local)
-      out = jax.device_get(setup.eval_step(params, batch))
-      loss_sum += float(out['loss_sum'])
-      tokens += float(out['tokens'])
-      auxes.append(jax.device_get(setup.inspect_step(params, batch)))
-      shapes.append(tuple(batch['inputs'].shape))
-      inputs.append(np.asarray(local['inputs']))
-  if not auxes:
-    raise AnalysisError('The held-out split produced no batches; check data.val_fraction.')
-  loss = loss_sum / max(tokens, 1.0)
-  pooled = metrics.pool(auxes, shapes)
-  single = jax.process_count() == 1
-  report = metrics.report(pooled, loss=loss, tokens=tokens, batch_size=cfg.train.batch_size,
-                          inputs=inputs if single else None)
-  num_layers = report['num_layers']
-  map_layers = _map_layers(opts['attn_map_layers'], num_layers)
-  gate_spec = gating.GateSpec.from_config(cfg.model.gate)
-  if report['gate'] is not None:
-    report['gate']['hist_range'] = list(gating.HIST_RANGE[gate_spec.activation])
-  if single:
-    for w in report['m_act_where'].values():
-      w['token_text'] = runs.token_labels(data.tokenizer, w['token_id'])
-  report.update(
-      workdir=os.path.abspath(workdir), step=step, variant=saved.get('variant', ''),
-      scale=saved.get('scale', ''), gate_spec=cfg.model.gate.to_dict(),
-      seq_len=int(cfg.data.seq_len), batch_size=int(cfg.train.batch_size),
-      tokenizer=data.tokenizer.name, attn_map_layers=map_layers,
-      definitions={
-          'f_attn': 'attention probability to position 0, mean over heads and queries 1..T-1',
-          'm_act_mean': 'mean over layers of max |h| of the layer output (after the FFN residual)',
-          'gate_score_mean': 'mean gate score act(XW), averaged over layers',
-          'sparsity': 'SDPA output Y before/after the gate: mean |Y|, fraction |Y| < 1e-2, 1e-3',
-          'ppl': 'exp(mean token cross-entropy) on the held-out batches',
-      })
-
+  result = eval_lib.evaluate(setup, params, data.val_batches())
+  report = _report(result, cfg, workdir, step, data, opts['attn_map_layers'])
   out_dir = out_dir or os.path.join(workdir, runs.ANALYSIS_DIR)
   if jax.process_index() == 0:
-    os.makedirs(out_dir, exist_ok=True)
-    title = f'{report["variant"]} step {step}'
-    figures = {'f_attn.png': plots.f_attn_figure(report, title=f'F-Attn: {title}'),
-               'm_act.png': plots.m_act_figure(report),
-               'sparsity.png': plots.sparsity_figure(report)}
-    if report['gate'] is not None:
-      figures['gate.png'] = plots.gate_figure(report)
-    maps = np.asarray(pooled['attn_map'])
-    n = maps.shape[-1]
-    labels = runs.token_labels(data.tokenizer, inputs[0][0, :n]) if single else None
-    figures['attention_maps.png'] = plots.attention_maps_figure(
-        maps, map_layers, labels, title=f'{title}: head-averaged attention, held-out sample 0')
-    for name, fig in figures.items():
-      plots.save(fig, os.path.join(out_dir, name))
-    np.savez_compressed(os.path.join(out_dir, 'attention_maps.npz'), maps=maps.astype(np.float32),
-                        tokens=inputs[0][0, :n] if single else np.zeros(0, np.int32))
-    report['figures'] = sorted(figures)
-    _write_json(os.path.join(out_dir, 'report.json'), report)
+    _write(report, result, data, out_dir)
   fmt = lambda x, spec: '-' if x is None else format(x, spec)  # noqa: E731
   print(f'{report["variant"]} step {step}: F-Attn {fmt(report["f_attn_mean"], ".3f")}, '
         f'M-Act {fmt(report["m_act_mean"], ".1f")}, gate score '
         f'{fmt(report["gate_score_mean"], ".3f")}, ppl {fmt(report["ppl"], ".3f")} '
         f'({report["num_batches"]} batches of {cfg.train.batch_size} x {cfg.data.seq_len}, '
         f'{time.time() - t0:.0f}s) -> {os.path.join(out_dir, "report.json")}', flush=True)
-  if not math.isfinite(loss):
+  if not math.isfinite(result.loss):
     print('Warning: the validation loss is not finite.')
   return report

@@ -3,7 +3,8 @@
 The model computes, per batch and per layer (`Transformer.__call__(tokens, inspect=True)`,
 stacked to [L, ...] by the scan):
   f_attn_H        [L, H]   attention probability to position 0, mean over the batch and queries
-                           1..T-1 (query 0 excluded, as PAPER.md asks)
+                           1..T-1 (query 0, which can only attend to itself, is excluded; the
+                           paper, Qiu et al. 2025 Sec. 4.3, does not say whether it counts it)
   attn_map        [L, n, n] head-averaged probabilities of sample 0, first n <= 128 positions
   gate            {mean, frac_below_0.1: [L], hist: [L, bins] (fractions)}   (gated runs only)
   sdpa_pre_gate / sdpa_post_gate  {abs_mean, frac_below_1e-2, frac_below_1e-3: [L]}
@@ -97,6 +98,26 @@ def _float(x):
   return x if math.isfinite(x) else None
 
 
+def _m_act_report(m_act_pooled: dict, batch_size, inputs) -> dict:
+  """m_act, m_act_where, m_act_mean_by_site and m_act_mean of the report."""
+  m_act, where, means = {}, {}, {}
+  for site, s in m_act_pooled.items():
+    m_act[site] = _floats(s['max'])
+    means[site] = _float(np.mean(s['max']))
+    batch, sample = np.asarray(s['batch']), np.asarray(s['where'])[:, 0]
+    w = {'batch': [int(b) for b in batch], 'sample': [int(x) for x in sample],
+         'token': [int(x) for x in np.asarray(s['where'])[:, 1]],
+         'channel': [int(x) for x in np.asarray(s['where'])[:, 2]]}
+    if batch_size:
+      w['sequence'] = [int(b) * batch_size + int(x) for b, x in zip(batch, sample)]
+    if inputs is not None:
+      w['token_id'] = [int(np.asarray(inputs[b])[x, t])
+                       for b, x, t in zip(batch, sample, w['token'])]
+    where[site] = w
+  return {'m_act': m_act, 'm_act_where': where, 'm_act_mean_by_site': means,
+          'm_act_mean': means.get(M_ACT_PAPER_SITE)}
+
+
 def report(pooled: dict, *, loss: float | None, tokens: float | None = None,
            batch_size: int | None = None, inputs: list | None = None) -> dict:
   """The analysis report (JSON-serialisable) from `pool`'s output and the validation loss.
@@ -121,24 +142,7 @@ def report(pooled: dict, *, loss: float | None, tokens: float | None = None,
       'f_attn_mean': _float(f_attn_L.mean()),
       'f_attn_per_head': [_floats(row) for row in f_attn_LxH],
   }
-  m_act, where, means = {}, {}, {}
-  for site, s in pooled['m_act'].items():
-    m_act[site] = _floats(s['max'])
-    means[site] = _float(np.mean(s['max']))
-    batch, sample = np.asarray(s['batch']), np.asarray(s['where'])[:, 0]
-    w = {'batch': [int(b) for b in batch], 'sample': [int(x) for x in sample],
-         'token': [int(x) for x in np.asarray(s['where'])[:, 1]],
-         'channel': [int(x) for x in np.asarray(s['where'])[:, 2]]}
-    if batch_size:
-      w['sequence'] = [int(b) * batch_size + int(x) for b, x in zip(batch, sample)]
-    if inputs is not None:
-      w['token_id'] = [int(np.asarray(inputs[b])[x, t])
-                       for b, x, t in zip(batch, sample, w['token'])]
-    where[site] = w
-  out['m_act'] = m_act
-  out['m_act_where'] = where
-  out['m_act_mean_by_site'] = means
-  out['m_act_mean'] = means.get(M_ACT_PAPER_SITE)
+  out.update(_m_act_report(pooled['m_act'], batch_size, inputs))
   gate = pooled.get('gate')
   if gate is not None:
     out['gate_score_mean'] = _float(np.mean(gate['mean']))

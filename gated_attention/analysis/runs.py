@@ -5,7 +5,8 @@
 
 Layout (written by loop.py and checkpoint.py): <workdir>/config.json, metrics.jsonl and
 checkpoints/<step>/{state,data}; the analysis writes <workdir>/analysis/. Nothing here writes
-into the run directory, so runs can be opened from read-only copies.
+into the run directory (checkpoints are opened read-only), so runs can be opened from
+read-only copies.
 """
 
 import dataclasses
@@ -17,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from configs import base as base_config
+from gated_attention.errors import UserError
 
 # JAX, flax and orbax are imported where they are used, so that reading configs and metrics
 # (compare) stays fast.
@@ -27,7 +29,7 @@ CHECKPOINTS_DIR = 'checkpoints'
 ANALYSIS_DIR = 'analysis'
 
 
-class RunError(ValueError):
+class RunError(UserError, ValueError):
   """A run directory that cannot be opened; the message names the directory and the fix."""
 
 
@@ -70,18 +72,40 @@ def read_metrics(workdir: str) -> list[dict]:
   return sorted(rows.values(), key=lambda r: (r['step'], r['split']))
 
 
+def checkpointer(workdir: str):
+  """The run's checkpoints, opened read-only (checkpoint.Checkpointer)."""
+  from gated_attention import checkpoint  # pylint: disable=g-import-not-at-top
+  return checkpoint.Checkpointer(workdir, read_only=True)
+
+
 def checkpoint_steps(workdir: str) -> list[int]:
   """Steps of the finished checkpoints (unfinished orbax temporaries are ignored)."""
-  root = os.path.join(workdir, CHECKPOINTS_DIR)
-  if not os.path.isdir(root):
+  if not os.path.isdir(os.path.join(workdir, CHECKPOINTS_DIR)):
     return []
-  return sorted(int(name) for name in os.listdir(root)
-                if name.isdigit() and os.path.isdir(os.path.join(root, name, 'state')))
+  ckpt = checkpointer(workdir)
+  try:
+    return ckpt.all_steps()
+  finally:
+    ckpt.close()
 
 
 def latest_step(workdir: str) -> int | None:
   steps = checkpoint_steps(workdir)
   return steps[-1] if steps else None
+
+
+def pick_step(workdir: str, step: int | None) -> int:
+  """`step`, or the latest when None; a RunError naming the steps there are otherwise."""
+  steps = checkpoint_steps(workdir)
+  if not steps:
+    raise RunError(f'{workdir!r} has no finished checkpoint under {CHECKPOINTS_DIR}/: nothing to '
+                   'open. Train first (checkpoints are written every '
+                   'config.train.checkpoint_every steps and at the end) or pick another --workdir.')
+  if step is None:
+    return steps[-1]
+  if step not in steps:
+    raise RunError(f'{workdir!r} has no checkpoint at step {step}; it has {steps}.')
+  return step
 
 
 def build_mesh(config):
@@ -98,20 +122,12 @@ def build_mesh(config):
 
 
 def restore_params(setup, workdir: str, step: int) -> dict:
-  """The parameters of checkpoint `step`, on the shardings of `setup` (a train.Setup);
-  the optimizer state is not read."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  path = os.path.abspath(os.path.join(workdir, CHECKPOINTS_DIR, str(step), 'state'))
-  item = {'params': setup.abstract_params}
+  """The parameters of checkpoint `step`, on the shardings of `setup` (a train.Setup)."""
+  ckpt = checkpointer(workdir)
   try:
-    with ocp.PyTreeCheckpointer() as ckptr:
-      out = ckptr.restore(path, args=ocp.args.PyTreeRestore(
-          item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
-          partial_restore=True))
-  except Exception as e:  # orbax raises many types; name the checkpoint and the likely cause
-    raise RunError(f'Could not restore the parameters of checkpoint {path}: {e}\nIs the saved '
-                   'config.json the one this checkpoint was trained with?') from e
-  return out['params']
+    return ckpt.restore_params(step, setup.abstract_params)
+  finally:
+    ckpt.close()
 
 
 @dataclasses.dataclass
@@ -120,6 +136,7 @@ class Run:
   graph definition, tokenizer and metrics rows. `workdir` is None for `init_run`."""
   workdir: str | None
   config: ml_collections.ConfigDict
+  model_cfg: object             # config.ModelConfig
   step: int | None
   params: dict
   graphdef: object
@@ -156,21 +173,14 @@ def _tokenizer(config):
 def load_run(workdir: str, step: int | None = None) -> Run:
   """Opens `workdir`: saved config, metrics rows, tokenizer and checkpoint `step` (default latest)."""
   config = read_config(workdir)
-  steps = checkpoint_steps(workdir)
-  if not steps:
-    raise RunError(f'{workdir!r} has no finished checkpoint under {CHECKPOINTS_DIR}/; train '
-                   '(checkpoints are written every config.train.checkpoint_every steps and at '
-                   'the end) or pick another --workdir.')
-  if step is None:
-    step = steps[-1]
-  elif step not in steps:
-    raise RunError(f'{workdir!r} has no checkpoint at step {step}; it has {steps}.')
+  step = pick_step(workdir, step)
   from gated_attention import train as train_lib  # pylint: disable=g-import-not-at-top
   mesh = build_mesh(config)
   setup = train_lib.Setup(config, mesh)
   params = restore_params(setup, workdir, step)
-  return Run(workdir=workdir, config=config, step=step, params=params, graphdef=setup.graphdef,
-             tokenizer=_tokenizer(config), metrics=read_metrics(workdir), mesh=mesh)
+  return Run(workdir=workdir, config=config, model_cfg=setup.model_cfg, step=step, params=params,
+             graphdef=setup.graphdef, tokenizer=_tokenizer(config),
+             metrics=read_metrics(workdir), mesh=mesh)
 
 
 def init_run(config, seed: int | None = None) -> Run:
@@ -179,24 +189,16 @@ def init_run(config, seed: int | None = None) -> Run:
   mesh = build_mesh(config)
   setup = train_lib.Setup(config, mesh)
   params, _ = setup.init(config.seed if seed is None else seed)
-  return Run(workdir=None, config=config, step=0, params=params, graphdef=setup.graphdef,
-             tokenizer=_tokenizer(config), metrics=[], mesh=mesh)
+  return Run(workdir=None, config=config, model_cfg=setup.model_cfg, step=0, params=params,
+             graphdef=setup.graphdef, tokenizer=_tokenizer(config), metrics=[], mesh=mesh)
 
 
-_INSPECT_FNS = {}  # id(model) -> (model, jitted inspect step); the model is kept alive
-
-
-def _inspect_fn(model, graphdef):
-  """One compiled inspect step per model object (graphdefs holding a ConfigDict don't hash)."""
+@functools.cache
+def _inspect_fn():
+  """train.inspect_step compiled once per model structure (graphdefs hash by value)."""
   import jax  # pylint: disable=g-import-not-at-top
   from gated_attention import train as train_lib  # pylint: disable=g-import-not-at-top
-  key = id(model)
-  if key not in _INSPECT_FNS:
-    if len(_INSPECT_FNS) >= 4:
-      _INSPECT_FNS.pop(next(iter(_INSPECT_FNS)))
-    _INSPECT_FNS[key] = (model, jax.jit(functools.partial(train_lib.inspect_step,
-                                                          graphdef=graphdef)))
-  return _INSPECT_FNS[key][1]
+  return jax.jit(train_lib.inspect_step, static_argnames='graphdef')
 
 
 def token_labels(tokenizer, ids) -> list[str]:
@@ -218,7 +220,7 @@ def attention_map(model, tokenizer, text: str, *, max_tokens: int = 128,
 
   Returns {'ids': [n], 'tokens': [n] labels, 'maps': [L, n, n] float (row = query, column = key),
   'f_attn': [L] (this text's F-Attn per layer), 'f_attn_per_head': [L, H]}. The model records
-  maps of the first 128 positions, so the text is cut to `max_tokens` <= 128 tokens.
+  maps of the first ATTN_MAP_LEN (128) positions, so the text is cut to `max_tokens` <= 128.
   """
   ids = list(tokenizer.encode(text))
   if add_bos:
@@ -231,7 +233,7 @@ def attention_map(model, tokenizer, text: str, *, max_tokens: int = 128,
   graphdef, state = nnx.split(model)
   params = nnx.to_pure_dict(state)
   tokens = np.asarray([ids], np.int32)
-  aux = jax.device_get(_inspect_fn(model, graphdef)(params, {'inputs': tokens}))
+  aux = jax.device_get(_inspect_fn()(params, {'inputs': tokens}, graphdef=graphdef))
   f_attn_LxH = np.asarray(aux['f_attn_H'], np.float64)
   return {'ids': ids, 'tokens': token_labels(tokenizer, ids),
           'maps': np.asarray(aux['attn_map'], np.float64),
