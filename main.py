@@ -19,15 +19,55 @@ from ml_collections import config_flags
 
 from gated_attention.errors import UserError
 
-config_flags.DEFINE_config_file('config', 'configs/g1_elementwise.py',
-                                'A config file, with the scale after a colon: '
-                                'configs/<variant>.py:<scale>.', lock_config=True)
+
+
+def _fail(message: str):
+  print('\n'.join(textwrap.fill(line, 100) for line in message.splitlines()), file=sys.stderr)
+  print('(--verbosity=1 or GATED_ATTENTION_TRACEBACK=1 shows the traceback.)', file=sys.stderr)
+  sys.exit(1)
+
+
+def _bad_override(e: Exception):
+  if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+    raise e
+  given = [a for a in sys.argv[1:] if a.startswith('--config.')]
+  _fail(f'Error in a --config override ({", ".join(given)}): {type(e).__name__}: {e}. Overrides '
+        'must name fields of the config (configs/base.py lists them) and give values of their '
+        'type.')
+
+
+try:  # the override flags (--config.x.y=...) are typed against the default config right here
+  config_flags.DEFINE_config_file('config', 'configs/g1_elementwise.py',
+                                  'A config file, with the scale after a colon: '
+                                  'configs/<variant>.py:<scale>.', lock_config=True)
+except (AttributeError, KeyError, TypeError, ValueError) as error:
+  _bad_override(error)
 flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, metrics, analysis.')
 flags.DEFINE_enum('mode', 'train', ['train', 'params', 'analyze', 'compare', 'memory', 'compile'],
                   'What to do.')
 flags.DEFINE_string('topology', None, '--mode=compile: a TPU topology name, e.g. v5p:4x4x4.')
 flags.DEFINE_string('out', None, '--mode=compare: output directory (default: compare/).')
 FLAGS = flags.FLAGS
+
+
+def _parse_flags(argv):
+  """absl's parsing, with a bad config file or override as one message, not a traceback."""
+  try:
+    argv = FLAGS(argv)
+    FLAGS.config.get('model')  # a config file that failed to load raises here
+    return argv
+  except OSError as e:
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    _fail(f'Error in the command line: --config: {e}')
+  except flags.Error as e:  # the config file raised (ml_collections puts its traceback inside)
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    last = [l.strip() for l in str(e).splitlines() if l.strip()]
+    _fail(f'Error in the command line: {last[0]}\n{last[-1]}' if len(last) > 1 else
+          f'Error in the command line: {e}')
+  except (AttributeError, KeyError, TypeError, ValueError) as e:  # --config.<unknown field>
+    _bad_override(e)
 
 
 def main(argv):
@@ -38,10 +78,23 @@ def main(argv):
   except UserError as e:  # a setting, file or run directory that cannot work: one paragraph
     if FLAGS.verbosity >= 1 or os.environ.get('GATED_ATTENTION_TRACEBACK'):
       raise
-    print('\n'.join(textwrap.fill(line, 100) for line in
-                    f'Error ({type(e).__name__}): {e}'.splitlines()), file=sys.stderr)
-    print('(--verbosity=1 or GATED_ATTENTION_TRACEBACK=1 shows the traceback.)', file=sys.stderr)
-    sys.exit(1)
+    _fail(f'Error ({type(e).__name__}): {e}')
+
+
+def _train_config(config, workdir: str):
+  """The --config given; without one, a workdir that holds a run continues with its saved
+  config (plus the command line's --config.x overrides)."""
+  saved = os.path.join(workdir, 'config.json')
+  if FLAGS['config'].present or not os.path.isfile(saved):
+    return config
+  from configs import from_run  # pylint: disable=g-import-not-at-top
+  resumed = from_run.get_config(saved)
+  overrides = dict(getattr(FLAGS['config'], 'override_values', None) or {})
+  resumed.update_from_flattened_dict(overrides)
+  print(f'No --config given: continuing with the saved config of {workdir} '
+        f'({resumed.variant}:{resumed.scale}{", with overrides " if overrides else ""}'
+        f'{", ".join(f"{k}={v}" for k, v in overrides.items())}).', flush=True)
+  return resumed
 
 
 def dispatch(config, rest):
@@ -69,11 +122,11 @@ def dispatch(config, rest):
     distributed.initialize(config.distributed)
     if FLAGS.mode == 'train':
       from gated_attention import loop  # pylint: disable=g-import-not-at-top
-      loop.run(config, FLAGS.workdir)
+      loop.run(_train_config(config, FLAGS.workdir), FLAGS.workdir)
     else:
       from gated_attention.analysis import analyze  # pylint: disable=g-import-not-at-top
       analyze.run(config, FLAGS.workdir)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -51,7 +51,7 @@ def main():
              'loss_mask': np.ones((c.train.batch_size, c.data.seq_len), np.float32)}
     with jax.set_mesh(mesh):
       batch = setup.global_batch(batch)
-      params, opt, m = setup.train_step(params, opt, batch)  # compile
+      params, opt, m = setup.train_step(params, opt, batch, 1.0)  # compile
       jax.block_until_ready(m)
     report = model_lib.param_report(setup.model_cfg)
     runs[name] = dict(setup=setup, mesh=mesh, state=(params, opt), batch=batch, times=[],
@@ -63,7 +63,7 @@ def main():
         params, opt = r['state']
         t = time.perf_counter()
         for _ in range(args.steps):
-          params, opt, m = r['setup'].train_step(params, opt, r['batch'])
+          params, opt, m = r['setup'].train_step(params, opt, r['batch'], 1.0)
         jax.block_until_ready(m)
         r['times'].append((time.perf_counter() - t) / args.steps)
         r['state'] = (params, opt)

@@ -136,7 +136,20 @@ def train_config() -> ml_collections.ConfigDict:
       eval_every=200,
       inspect_batch_size=8,     # sequences for the F-Attn / M-Act / gate metrics at each eval
       checkpoint_every=200,
-      keep_checkpoints=3,
+      keep_checkpoints=3,       # the latest ones; the best by the running loss is kept besides
+      init_from='',             # a run directory: start from its latest parameters (fresh
+                                # optimizer and data), e.g. to fine-tune on other data
+      # Stability (gated_attention/stability.py): non-finite steps are skipped (parameters and
+      # optimizer state unchanged); loss spikes are detected and logged.
+      nonfinite_max_in_a_row=10,  # skipped non-finite steps in a row that make a failure
+      spike_window=50,          # steps of the running loss level (and of the warm-up)
+      spike_threshold=6.0,      # a spike: loss above the level by this many mean deviations...
+      spike_min_ratio=1.1,      # ... and by at least this factor
+      uniform_ratio=1.5,        # ... or above this multiple of ln(vocab) (worse than guessing)
+      divergence_steps=100,     # spike steps in a row that make a divergence (a failure)
+      on_failure='halt',        # halt | rollback (to the best checkpoint, learning rate scaled)
+      rollback_lr_factor=0.5,
+      max_rollbacks=3,
   ))
 
 

@@ -5,17 +5,32 @@ Layout: <workdir>/config.json and <workdir>/checkpoints/<step>/{state,data}. The
 the analysis and the notebooks all go through `Checkpointer` (the analysis opens it read-only
 and restores the parameters alone). The save cadence is orbax's: every `every` steps, plus the
 last step and preemption (PreemptionCheckpointingPolicy: a TPU/GPU cluster's preemption notice
-seen by JAX's multi-host sync). A workdir whose saved config is incompatible with the current
-one is refused, never overwritten (`check_or_write_config`).
+seen by JAX's multi-host sync). Kept: the `keep` latest, and the best by the loop's running loss
+level outside that rotation (a divergence cannot rotate the good checkpoints away).
+
+Integrity: every save stores a checksum of each array (a position-weighted sum of its bits,
+exact and independent of the sharding) and refuses non-finite state; every restore recomputes
+and compares them. A newest step that is corrupt, partial or empty is set aside (renamed
+`<step>.unusable`, never deleted) with a warning, and the next older one is used.
+
+A checkpoint without a `data` item is a warm start (an import, or `train.init_from`): the loop
+restores its parameters alone and starts a fresh optimizer and data iterator. A workdir whose
+saved config is incompatible with the current one is refused, never overwritten
+(`check_or_write_config`), and so is a resumption that changes what the data iterator's saved
+position depends on.
 """
 
 import contextlib
+import dataclasses
 import json
 import os
+import shutil
 
 from absl import logging as absl_logging
 import grain
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from configs import base as base_config
@@ -27,6 +42,10 @@ CHECKPOINTS_DIR = 'checkpoints'
 # checkpoint holds); any other difference in config.model or these data fields is refused.
 MODEL_FREE = ('remat', 'attention_impl', 'dtype')
 DATA_FIXED = ('tokenizer', 'seq_len')
+# What the saved position of the data iterator depends on: a resumption may not change it.
+ITERATOR_FIELDS = ('seed', 'train.batch_size', 'data.source', 'data.path', 'data.hf_config',
+                   'data.hf_split', 'data.text_field', 'data.val_fraction',
+                   'data.shuffle_buffer', 'data.task', 'data.synthetic')
 
 
 class CheckpointError(UserError, ValueError):
@@ -58,6 +77,21 @@ def config_differences(saved: dict, current: dict) -> list[str]:
   return diffs
 
 
+def _get(config: dict, path: str):
+  node = config
+  for part in path.split('.'):
+    if not isinstance(node, dict) or part not in node:
+      return None
+    node = node[part]
+  return node
+
+
+def iterator_differences(saved: dict, current: dict) -> list[str]:
+  """Settings the data iterator's saved position depends on that differ."""
+  return [f'{k}: saved {_get(saved, k)!r}, now {_get(current, k)!r}'
+          for k in ITERATOR_FIELDS if _get(saved, k) != _get(current, k)]
+
+
 def read_saved_config(workdir: str) -> dict | None:
   """The run's config.json overlaid on today's defaults (None when there is none)."""
   path = os.path.join(workdir, CONFIG_FILE)
@@ -70,18 +104,39 @@ def read_saved_config(workdir: str) -> dict | None:
     raise CheckpointError(f'{path} is unreadable ({e}); use a new --workdir.') from e
 
 
-def check_or_write_config(workdir: str, config):
-  """Refuses a workdir holding an incompatible run; writes config.json (process 0)."""
+def check_workdir(workdir: str):
+  """A workdir that is a file, or a directory we cannot write, is refused before any work."""
   workdir = os.path.abspath(workdir)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise CheckpointError(f'--workdir={workdir} is a file, not a directory; pass a directory '
+                          '(it is created if missing).')
+  probe = workdir
+  while not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  if not os.access(probe, os.W_OK | os.X_OK):
+    raise CheckpointError(f'--workdir={workdir}: {probe} is not writable; pass a directory you '
+                          'can write to.')
+
+
+def check_or_write_config(workdir: str, config, *, resuming_data: bool = False):
+  """Refuses a workdir holding an incompatible run; writes config.json (process 0). With
+  `resuming_data` (the latest checkpoint holds the data iterator's position), a change of
+  what that position depends on is refused too."""
+  workdir = os.path.abspath(workdir)
+  check_workdir(workdir)
   config_dict = json.loads(config.to_json())
   saved = read_saved_config(workdir)
   if saved is not None:
     diffs = config_differences(saved, config_dict)
+    what = 'an incompatible config'
+    if not diffs and resuming_data:
+      diffs, what = iterator_differences(saved, config_dict), 'other data settings'
     if diffs:
       raise CheckpointError(
-          f'--workdir={workdir} holds a run with an incompatible config:\n  '
-          + '\n  '.join(diffs) + '\nUse a new --workdir, or the saved config '
-          f'(--config={os.path.join(workdir, CONFIG_FILE)} is JSON; pass matching overrides).')
+          f'--workdir={workdir} holds a run with {what}:\n  ' + '\n  '.join(diffs) +
+          f'\nTo continue that run, use its saved config: --config=configs/from_run.py:{workdir}'
+          ' (overrides that keep these values are fine). To train with the new settings from its '
+          f'weights, use a new --workdir and --config.train.init_from={workdir}.')
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, CONFIG_FILE)
@@ -101,21 +156,91 @@ def _quiet_orbax():
     absl_logging.set_verbosity(old)
 
 
+@jax.jit
+def _integrity(tree):
+  """{leaf: [checksum, all finite] uint32}: the sum over elements of bits x (position weight),
+  in wrapping uint32 arithmetic, so it is exact and the same whatever the sharding."""
+  def one(x):
+    bits = (jax.lax.bitcast_convert_type(x, jnp.uint32) if x.dtype == jnp.float32
+            else x.astype(jnp.uint32))
+    pos = jax.lax.iota(jnp.uint32, max(x.size, 1))[:x.size].reshape(x.shape)
+    weights = pos * jnp.uint32(2654435761) + jnp.uint32(1)
+    finite = jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.floating) else True
+    return jnp.stack([jnp.sum(bits * weights, dtype=jnp.uint32), jnp.uint32(finite)])
+  return jax.tree.map(one, tree)
+
+
+def integrity(tree) -> tuple[dict[str, int], list[str]]:
+  """(checksum per leaf path, the paths of leaves holding a non-finite value)."""
+  flat = jax.tree_util.tree_flatten_with_path(jax.device_get(_integrity(tree)))[0]
+  sums = {jax.tree_util.keystr(p): int(v[0]) for p, v in flat}
+  bad = [jax.tree_util.keystr(p) for p, v in flat if not bool(v[1])]
+  return sums, bad
+
+
+_ASYNC_NOISE = ('Traceback (most recent call last):', 'asyncio/base_events.py',
+                'self._check_closed()', "raise RuntimeError('Event loop is closed')",
+                'RuntimeError: Event loop is closed')
+
+
+@contextlib.contextmanager
+def _stderr_without_async_noise():
+  """A restore that fails leaves tensorstore reads in flight whose callbacks hit orbax's closed
+  event loop and print one traceback each (at the C level, dozens): keep stderr (fd 2) in a
+  file while restoring and pass on everything but those lines."""
+  import sys  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode='w+') as tmp:
+    os.dup2(tmp.fileno(), 2)
+    try:
+      yield
+    finally:
+      time.sleep(0.05)  # the failed reads' callbacks land within milliseconds
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      tmp.seek(0)
+      kept = [l for l in tmp.read().splitlines(keepends=True)
+              if not any(n in l for n in _ASYNC_NOISE)]
+      sys.stderr.write(''.join(kept))
+
+
+def _dir_bytes(path: str) -> int:
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+@dataclasses.dataclass
+class Restored:
+  step: int
+  state: dict                   # {'params': ..., 'opt_state': ...}; no opt_state if warm
+  loop: dict                    # what the loop saved with it (lr scale, the guard's state)
+  warm: bool                    # a warm start: parameters only, fresh optimizer and data
+
+
 class Checkpointer:
-  """The orbax CheckpointManager of one workdir: `save`, `restore`, `restore_params`."""
+  """The orbax CheckpointManager of one workdir: `save`, `restore_latest`, `restore_params`."""
 
   def __init__(self, workdir: str, *, every: int = 1, keep: int | None = None,
                read_only: bool = False):
     self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINTS_DIR)
     policy = ocp.checkpoint_managers
+    level = lambda m: m['loss_level']  # noqa: E731
+    preserve = policy.AnyPreservationPolicy([
+        policy.LatestN(keep),
+        policy.BestN(get_metric_fn=level, reverse=True, n=1,
+                     keep_checkpoints_without_metrics=True)])
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=not read_only, read_only=read_only,
-        enable_async_checkpointing=not read_only,
+        create=not read_only, read_only=read_only, enable_async_checkpointing=not read_only,
+        preservation_policy=preserve, best_fn=level, best_mode='min',
         save_decision_policy=policy.AnySavePolicy([
             policy.FixedIntervalPolicy(every), policy.PreemptionCheckpointingPolicy()]))
     with _quiet_orbax() if read_only else contextlib.nullcontext():
       self.manager = ocp.CheckpointManager(self.directory, options=options,
                                            item_names=('state', 'data'))
+    self._sizes = {}
 
   def all_steps(self) -> list[int]:
     """Steps of the finished checkpoints (unfinished temporaries are not listed)."""
@@ -124,28 +249,144 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
+  def best_step(self, before: int | None = None) -> int | None:
+    """The checkpoint with the lowest running loss level (the loop's, saved with it), among
+    those before step `before`; warm starts and older checkpoints without it rank last."""
+    ranked = []
+    for step in self.all_steps():
+      if before is None or step < before:
+        metrics = self.manager.metrics(step) or {}
+        ranked.append((metrics.get('loss_level', float('inf')), -step, step))
+    return min(ranked)[2] if ranked else None
+
+  def wait(self):
+    """Blocks until the pending asynchronous save is written."""
+    self.manager.wait_until_finished()
+
   def should_save(self, step: int) -> bool:
     """Every `every` steps, or when the cluster signals a preemption."""
     return self.manager.should_save(step)
 
-  def save(self, step: int, state: dict, data_iter):
-    """Starts an async save of `state` (a pytree) and the data iterator's state."""
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=grain.checkpoint.CheckpointSave(data_iter)), force=True)
+  def has_data(self, step: int) -> bool:
+    return os.path.isdir(os.path.join(self.directory, str(step), 'data'))
 
-  def restore(self, step: int, abstract_state: dict, data_iter) -> dict:
-    """Restores `state` onto the shardings of `abstract_state` (ShapeDtypeStructs with
-    .sharding), and the data iterator in place."""
+  def check_for_errors(self):
+    """Raises a CheckpointError if an asynchronous save failed."""
+    try:
+      self.manager.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(
+          f'Saving a checkpoint to {self.directory} failed: {type(e).__name__}: {e}\nThe '
+          'checkpoints before it are intact; fix the cause (disk space, permissions) and run the '
+          'same command again to resume from the latest one.') from e
+
+  def _check_disk_space(self):
+    """Refuses a save the disk cannot hold: less free space than the last checkpoint took."""
+    latest = self.latest_step()
+    if latest is None:
+      return
+    if latest not in self._sizes:
+      self._sizes[latest] = _dir_bytes(os.path.join(self.directory, str(latest)))
+    need, free = self._sizes[latest], shutil.disk_usage(self.directory).free
+    if free < need:
+      raise CheckpointError(
+          f'Only {free / 2**20:.1f} MiB are free on the disk of {self.directory}, and the last '
+          f'checkpoint took {need / 2**20:.1f} MiB: the next save would fail. Free space (or '
+          f'move the run), then run the same command again: it resumes from step {latest}.')
+
+  def _save(self, step: int, state: dict, items: dict, metrics, loop_state):
+    self.check_for_errors()
+    self._check_disk_space()
+    sums, bad = integrity(state)
+    if bad:
+      raise CheckpointError(f'Refusing to save checkpoint {step}: {len(bad)} array(s) hold '
+                            f'non-finite values, e.g. {bad[:3]}.')
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), **items),
+                      force=True, metrics=metrics,
+                      custom_metadata={'checksums': sums, 'loop': loop_state or {}})
+
+  def save(self, step: int, state: dict, data_iter, *, metrics: dict | None = None,
+           loop_state: dict | None = None):
+    """Starts an async save of `state` (a pytree) and the data iterator's position; `metrics`
+    ({'loss_level': ...}) ranks it for the best-checkpoint rule, `loop_state` is restored with
+    it (JSON)."""
+    self._save(step, state, {'data': grain.checkpoint.CheckpointSave(data_iter)}, metrics,
+               loop_state)
+
+  def save_params(self, step: int, params: dict):
+    """A warm-start checkpoint: the parameters alone (imports, init_from)."""
+    self._save(step, {'params': params}, {}, None, None)
+
+  def _verify(self, step: int, state: dict):
+    want = self.manager.metadata(step).custom_metadata.get('checksums')
+    if want is None:
+      return  # written before checksums existed
+    got, bad = integrity(state)
+    if bad:
+      raise CheckpointError(f'non-finite values in {bad[:3]}')
+    wrong = [k for k in got if k in want and want[k] != got[k]]
+    if wrong or not set(got) <= set(want):
+      raise CheckpointError(f'checksum mismatch in {(wrong or sorted(set(got) - set(want)))[:3]}')
+
+  def _restore(self, step: int, abstract_state: dict, data_iter) -> Restored:
+    if not self.has_data(step):
+      params = self.restore_params(step, abstract_state['params'])
+      self._verify(step, {'params': params})
+      return Restored(step, {'params': params}, {}, warm=True)
     try:
       out = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state),
           data=grain.checkpoint.CheckpointRestore(data_iter)))
-    except Exception as e:  # orbax raises many types; name the checkpoint and the fix
+    except Exception as e:  # orbax and grain raise many types
+      raise CheckpointError(f'{type(e).__name__}: {str(e)[:300]}') from e
+    self._verify(step, out['state'])
+    loop = self.manager.metadata(step).custom_metadata.get('loop') or {}
+    return Restored(step, out['state'], loop, warm=False)
+
+  def set_aside(self, step: int) -> str:
+    """Renames an unusable step out of orbax's view (kept for inspection, never deleted)."""
+    src = os.path.join(self.directory, str(step))
+    dst, n = f'{src}.unusable', 1
+    while os.path.exists(dst):
+      n += 1
+      dst = f'{src}.unusable{n}'
+    if jax.process_index() == 0:
+      os.rename(src, dst)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices(f'set_aside_{step}')
+    self.manager.reload()
+    return dst
+
+  def _check_processes(self, step: int):
+    """The data iterator's position is saved per process: the process count must match."""
+    data = os.path.join(self.directory, str(step), 'data')
+    mine = f'process_{jax.process_index()}-of-{jax.process_count()}.json'
+    if os.path.isdir(data) and not os.path.exists(os.path.join(data, mine)):
+      saved = sorted(f for f in os.listdir(data) if f.startswith('process_'))
       raise CheckpointError(
-          f'Could not restore checkpoint step {step} from {self.directory}: {e}\n'
-          'If it is corrupt, move that step directory away to resume from an earlier one.') from e
-    return out['state']
+          f'Checkpoint {step} in {self.directory} holds the data positions of another process '
+          f'count ({", ".join(saved)}); this run has {jax.process_count()} process(es). Resume '
+          'with the same number of processes, or start a new --workdir with '
+          f'--config.train.init_from={os.path.dirname(self.directory)}.')
+
+  def restore_latest(self, abstract_state: dict, data_iter, *, warn=print) -> Restored | None:
+    """The newest intact checkpoint, onto the shardings of `abstract_state`; unusable newer ones
+    are set aside with a warning. None if there is none."""
+    for step in reversed(self.all_steps()):
+      self._check_processes(step)
+      try:
+        with _stderr_without_async_noise():
+          return self._restore(step, abstract_state, data_iter)
+      except CheckpointError as e:
+        moved = self.set_aside(step)
+        warn(f'Warning: checkpoint {step} is unusable ({e}); set aside as {moved} (not '
+             'deleted); trying the previous one.')
+    return None
+
+  def restore_step(self, step: int, abstract_state: dict, data_iter) -> Restored:
+    """Checkpoint `step` (verified), e.g. the best one, for a rollback."""
+    return self._restore(step, abstract_state, data_iter)
 
   def restore_params(self, step: int, abstract_params: dict) -> dict:
     """The parameters of checkpoint `step` alone (the optimizer state is not read)."""
@@ -161,5 +402,7 @@ class Checkpointer:
     return out['state']['params']
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.wait()
+    finally:
+      self.manager.close()

@@ -2,110 +2,34 @@
 
     loop.run(config, workdir)      # main.py --mode=train
 
-One step: the next batch of the data iterator -> train.Setup.train_step (jit) -> every
-`log_every` steps the metrics (metrics.jsonl, TensorBoard, the progress line), every
-`eval_every` steps evaluate.evaluate on the held-out batches, and orbax's cadence for
-checkpoints (checkpoint.Checkpointer). SIGTERM / Ctrl-C save a checkpoint and stop.
+One step: the next batch of the data iterator -> train.Setup.train_step (jit; a non-finite step
+changes nothing) -> its loss and finiteness are queued on the device and, at every log, eval or
+save point, fed to the stability guard (stability.py: skipped steps, loss spikes, divergence,
+each logged to metrics.jsonl) -> every `log_every` steps the metrics, every `eval_every` steps
+evaluate.evaluate, and orbax's cadence for checkpoints (only while the guard is calm).
+On a failure (too many non-finite steps in a row, or a divergence) the run halts or rolls back
+to the best checkpoint with a lower learning rate. SIGTERM / Ctrl-C save a checkpoint and stop.
 """
 
 import dataclasses
 import json
-import math
-import os
 import signal
-import sys
-import time
 
 import jax
 import numpy as np
 
 import input_pipeline
 from gated_attention import checkpoint as ckpt_lib
-from gated_attention import chips
 from gated_attention import evaluate as eval_lib
 from gated_attention import model as model_lib
-from gated_attention import sharding
+from gated_attention import sharding, stability
 from gated_attention import train as train_lib
-from gated_attention.errors import ConfigError
+from gated_attention.errors import ConfigError, UserError
+from gated_attention.reporting import MetricsWriter, Progress, Throughput
 
 
-class MetricsWriter:
-  """metrics.jsonl (one JSON object per line, with "step" and "split") and TensorBoard events.
-
-  Only process 0 writes.
-  """
-
-  def __init__(self, workdir: str):
-    self.enabled = jax.process_index() == 0
-    if not self.enabled:
-      return
-    os.makedirs(workdir, exist_ok=True)
-    self.jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
-    try:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-    except ImportError:  # TensorBoard output is optional
-      self.tb = None
-
-  def write(self, step: int, split: str, metrics: dict):
-    if not self.enabled:
-      return
-    row = {'step': int(step), 'split': split}
-    row.update({k: _jsonable(v) for k, v in metrics.items()})
-    self.jsonl.write(json.dumps(row) + '\n')
-    self.jsonl.flush()
-    if self.tb is not None:
-      for k, v in row.items():
-        if isinstance(v, (int, float)) and k != 'step':
-          self.tb.add_scalar(f'{split}/{k}', v, step)
-      self.tb.flush()
-
-  def close(self):
-    if self.enabled:
-      self.jsonl.close()
-      if self.tb is not None:
-        self.tb.close()
-
-
-def _jsonable(v):
-  v = np.asarray(v)
-  if v.ndim == 0:
-    x = v.item()
-    return None if isinstance(x, float) and not math.isfinite(x) else x
-  return [_jsonable(x) for x in v]
-
-
-class Progress:
-  """A tqdm bar with ETA on a terminal; plain log lines otherwise."""
-
-  def __init__(self, start: int, total: int):
-    self.bar = None
-    if jax.process_index() == 0 and sys.stdout.isatty():
-      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-      self.bar = tqdm(total=total, initial=start, unit='step', dynamic_ncols=True)
-    self.t0, self.start, self.total = time.time(), start, total
-
-  def update(self, step: int, line: str | None):
-    if self.bar is not None:
-      self.bar.update(step - self.bar.n)
-      if line:
-        self.bar.set_postfix_str(line)
-    elif line and jax.process_index() == 0:
-      done = step - self.start
-      eta = (time.time() - self.t0) / max(done, 1) * (self.total - step)
-      print(f'step {step}/{self.total} {line} eta {eta:.0f}s', flush=True)
-
-  def write(self, text: str):
-    if jax.process_index() != 0:
-      return
-    if self.bar is not None:
-      self.bar.write(text)
-    else:
-      print(text, flush=True)
-
-  def close(self):
-    if self.bar is not None:
-      self.bar.close()
+class TrainingStopped(UserError):
+  """The run stopped on a failure its policy does not recover from (nothing bad was saved)."""
 
 
 class _Interrupt:
@@ -135,9 +59,10 @@ def evaluate(setup, params, data) -> dict:
 
 def check_loop_config(config):
   tc = config.train
-  for name in ('steps', 'log_every', 'eval_every', 'checkpoint_every'):
+  for name in ('steps', 'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints'):
     if tc[name] <= 0:
       raise ConfigError(f'config.train.{name}={tc[name]} must be positive.')
+  stability.check_config(tc)
 
 
 @dataclasses.dataclass
@@ -149,19 +74,39 @@ class _Run:
   setup: train_lib.Setup
   checkpointer: ckpt_lib.Checkpointer
   writer: MetricsWriter
+  guard: stability.Guard
+  progress: Progress | None = None
   step: int = 0
   params: object = None
   opt_state: object = None
+  lr_scale: float = 1.0
+  rollbacks: int = 0
+  pending: list = dataclasses.field(default_factory=list)  # (step, device metrics) to check
+
+  @property
+  def abstract_state(self) -> dict:
+    return {'params': self.setup.abstract_params, 'opt_state': self.setup.abstract_opt}
 
   def save(self):
-    self.checkpointer.save(self.step, {'params': self.params, 'opt_state': self.opt_state},
-                           self.data.train_iter)
+    level = self.guard.level
+    self.checkpointer.save(
+        self.step, {'params': self.params, 'opt_state': self.opt_state}, self.data.train_iter,
+        metrics={'loss_level': 1e30 if level is None else float(level)},
+        loop_state={'lr_scale': self.lr_scale, 'rollbacks': self.rollbacks,
+                    'guard': self.guard.state()})
+
+  def adopt(self, restored: ckpt_lib.Restored):
+    """Continue from a restored checkpoint (a warm start gets a fresh optimizer state)."""
+    self.step, self.params = restored.step, restored.state['params']
+    self.opt_state = (self.setup.init_opt_state(self.params) if restored.warm
+                      else restored.state['opt_state'])
+    self.lr_scale = restored.loop.get('lr_scale', 1.0)
+    self.rollbacks = restored.loop.get('rollbacks', 0)
+    self.guard.reset(restored.loop.get('guard'))
 
 
-def _start(config, workdir: str) -> _Run:
-  """Data, mesh, compiled steps; the state from scratch or from the latest checkpoint."""
+def _build_data(config):
   tc = config.train
-  check_loop_config(config)
   data = input_pipeline.build_data(
       config.data, global_batch_size=tc.batch_size, seed=config.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
@@ -169,66 +114,145 @@ def _start(config, workdir: str) -> _Run:
     raise ConfigError(f'The tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} '
                       f'tokens but config.model.vocab_size={config.model.vocab_size}; raise '
                       'config.model.vocab_size to at least the tokenizer size.')
+  return data
+
+
+def _init_from(run: _Run, source: str):
+  """A fresh run starting from another run's latest parameters (train.init_from)."""
+  other = ckpt_lib.Checkpointer(source, read_only=True)
+  try:
+    step = other.latest_step()
+    if step is None:
+      raise ckpt_lib.CheckpointError(f'--config.train.init_from={source}: no checkpoint there.')
+    run.params = other.restore_params(step, run.setup.abstract_params)
+  finally:
+    other.close()
+  run.opt_state = run.setup.init_opt_state(run.params)
+  _say(f'Initialised from {source} (step {step}): parameters only, fresh optimizer and data.')
+
+
+def _say(text: str):
+  if jax.process_index() == 0:
+    print(text, flush=True)
+
+
+def _start(config, workdir: str) -> _Run:
+  """Data, mesh, compiled steps; the state from scratch, a warm start, or the latest intact
+  checkpoint."""
+  tc = config.train
+  check_loop_config(config)
+  ckpt_lib.check_workdir(workdir)
+  data = _build_data(config)
   setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
-  ckpt_lib.check_or_write_config(workdir, config)
-  run = _Run(config, workdir, data, setup,
-             ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
-                                   keep=tc.keep_checkpoints),
-             MetricsWriter(workdir))
-  step = run.checkpointer.latest_step()
-  if step is None:
-    run.params, run.opt_state = setup.init(config.seed)
+  checkpointer = ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
+                                       keep=tc.keep_checkpoints)
+  latest = checkpointer.latest_step()
+  ckpt_lib.check_or_write_config(
+      workdir, config, resuming_data=latest is not None and checkpointer.has_data(latest))
+  run = _Run(config, workdir, data, setup, checkpointer, MetricsWriter(workdir),
+             stability.Guard(tc, config.model.vocab_size))
+  restored = checkpointer.restore_latest(run.abstract_state, data.train_iter, warn=_say)
+  if restored is not None:
+    run.adopt(restored)
+  elif tc.init_from:
+    _init_from(run, tc.init_from)
   else:
-    restored = run.checkpointer.restore(
-        step, {'params': setup.abstract_params, 'opt_state': setup.abstract_opt},
-        data.train_iter)
-    run.step, run.params, run.opt_state = step, restored['params'], restored['opt_state']
+    run.params, run.opt_state = setup.init(config.seed)
+  run.progress = Progress(run.step, tc.steps)
   return run
 
 
-class _Throughput:
-  """Step time, tokens/s, achieved TFLOP/s per device and (on known TPU chips) MFU."""
-
-  def __init__(self, config, model_cfg):
-    self.tokens_per_step = config.train.batch_size * config.data.seq_len
-    self.flops_per_token = model_lib.train_flops_per_token(model_cfg, config.data.seq_len)
-    self.chip = chips.chip_spec(jax.devices()[0].device_kind)
-    self.t_last, self.steps = time.time(), 0
-
-  def tick(self):
-    self.steps += 1
-
-  def reset(self):
-    self.t_last, self.steps = time.time(), 0
-
-  def metrics(self) -> dict:
-    dt = (time.time() - self.t_last) / max(self.steps, 1)
-    tflops = self.flops_per_token * self.tokens_per_step / dt / 1e12 / jax.device_count()
-    out = dict(step_time=dt, tokens_per_sec=self.tokens_per_step / dt,
-               tflops_per_sec_per_device=tflops)
-    if self.chip:
-      out['mfu'] = tflops * 1e12 / self.chip['peak_bf16_flops']
-    return out
+def _log_events(run: _Run, events):
+  for e in events:
+    run.writer.write(e.step, e.kind, e.row())
+    if e.kind in ('spike', 'diverged'):
+      run.progress.write(f'step {e.step}: loss {e.loss:.4f} {e.kind} (level {e.level:.4f}; '
+                         f'{e.why})')
+    elif e.kind == 'skip':
+      run.progress.write(f'step {e.step}: non-finite loss, gradients or update (loss '
+                         f'{e.loss}); the step was skipped')
 
 
-def _log_train(run: _Run, metrics, throughput: _Throughput, progress: Progress):
+def _check_pending(run: _Run):
+  """Feeds the queued steps to the guard; returns the first failure event, or None."""
+  if not run.pending:
+    return None
+  values = jax.device_get([(m['loss'], m['finite']) for _, m in run.pending])
+  steps = [s for s, _ in run.pending]
+  run.pending.clear()
+  for step, (loss, finite) in zip(steps, values):
+    events = run.guard.observe(step, float(loss), bool(finite))
+    _log_events(run, events)
+    failure = next((e for e in events if e.kind == 'failure'), None)
+    if failure is not None:
+      return failure
+  return None
+
+
+def _recover(run: _Run, failure: stability.Event):
+  """Rolls back to the best checkpoint before the failure, or raises TrainingStopped."""
+  tc, ckpt = run.config.train, run.checkpointer
+  best = ckpt.best_step(before=failure.step)
+  if tc.on_failure == 'rollback' and run.rollbacks < tc.max_rollbacks and best is not None:
+    ckpt.wait()
+    restored = ckpt.restore_step(best, run.abstract_state, run.data.train_iter)
+    rollbacks = run.rollbacks + 1
+    run.adopt(restored)
+    run.rollbacks = rollbacks
+    run.lr_scale *= tc.rollback_lr_factor
+    run.writer.write(failure.step, 'rollback', {'to_step': best, 'lr_scale': run.lr_scale,
+                                                'why': failure.why})
+    run.progress.write(f'step {failure.step}: {failure.why}; rolled back to checkpoint {best} '
+                       f'with the learning rate x{run.lr_scale:g} (rollback {run.rollbacks} of '
+                       f'{tc.max_rollbacks}).')
+    return
+  good = (f'the best checkpoint is step {best}' if best is not None
+          else 'no checkpoint was saved before it')
+  raise TrainingStopped(
+      f'Training stopped at step {failure.step}: {failure.why} (loss {failure.loss}). Nothing '
+      f'from the failing steps was saved; {good} (in {ckpt.directory}). Lower '
+      '--config.train.learning_rate (or raise warmup_steps / grad_clip) and resume with the '
+      'same command, or set --config.train.on_failure=rollback to go back to the best '
+      'checkpoint with a lower learning rate automatically.')
+
+
+def _step(run: _Run, batch) -> dict:
+  setup = run.setup
+  try:
+    run.params, run.opt_state, metrics = setup.train_step(run.params, run.opt_state, batch,
+                                                          np.float32(run.lr_scale))
+  except jax.errors.JaxRuntimeError as e:
+    if 'RESOURCE_EXHAUSTED' not in str(e) and 'out of memory' not in str(e).lower():
+      raise
+    c = run.config
+    raise UserError(
+        f'The training step does not fit in memory ({str(e).splitlines()[0][:200]}): batch '
+        f'{c.train.batch_size} x {c.data.seq_len} tokens of a {c.scale} model on mesh '
+        f'{dict(setup.mesh.shape)}. Lower --config.train.batch_size or data.seq_len, raise '
+        '--config.train.grad_accum, set --config.model.remat=full, or use more devices; '
+        'python main.py --mode=memory estimates what fits.') from None
+  run.step += 1
+  run.pending.append((run.step, metrics))
+  return metrics
+
+
+def _log_train(run: _Run, metrics, throughput: Throughput):
   tc = run.config.train
   metrics = jax.device_get(metrics)
-  metrics.update(learning_rate=float(train_lib.learning_rate_schedule(tc)(run.step - 1)),
-                 **throughput.metrics())
-  if not math.isfinite(float(metrics['loss'])):
-    raise FloatingPointError(f'Loss is {metrics["loss"]} at step {run.step}: training '
-                             'diverged (lower --config.train.learning_rate).')
+  metrics.update(learning_rate=float(train_lib.learning_rate_schedule(tc)(run.step - 1))
+                 * run.lr_scale, loss_level=run.guard.level,
+                 skipped_total=run.guard.totals['skipped'],
+                 spikes_total=run.guard.totals['spikes'], **throughput.metrics())
   run.writer.write(run.step, 'train', metrics)
-  progress.update(run.step, f'loss {float(metrics["loss"]):.4f}')
+  run.progress.update(run.step, f'loss {float(metrics["loss"]):.4f}')
   throughput.reset()
 
 
-def _evaluate_and_log(run: _Run, progress: Progress) -> dict:
+def _evaluate_and_log(run: _Run) -> dict:
   val = evaluate(run.setup, run.params, run.data)
   run.writer.write(run.step, 'val', val)
-  progress.write(f'step {run.step}: val loss {val["loss"]:.4f} ppl {val["ppl"]:.2f} '
-                 f'F-Attn {val["f_attn_mean"]:.3f} M-Act {val["m_act_mean"]:.1f}')
+  run.progress.write(f'step {run.step}: val loss {val["loss"]:.4f} ppl {val["ppl"]:.2f} '
+                     f'F-Attn {val["f_attn_mean"]:.3f} M-Act {val["m_act_mean"]:.1f}')
   return val
 
 
@@ -241,47 +265,53 @@ def _describe(run: _Run) -> str:
           f'data: {json.dumps(run.data.describe())}')
 
 
-def _train(run: _Run, interrupt: _Interrupt, progress: Progress) -> dict:
+def _train(run: _Run, interrupt: _Interrupt) -> dict:
   """Steps until the end or a signal; returns the last validation row."""
   tc, setup = run.config.train, run.setup
-  throughput = _Throughput(run.config, setup.model_cfg)
+  throughput = Throughput(run.config, setup.model_cfg)
   val, last_saved = None, run.step
   with jax.set_mesh(setup.mesh):
     while run.step < tc.steps and interrupt.signal is None:
-      batch = setup.global_batch(next(run.data.train_iter))
-      run.params, run.opt_state, metrics = setup.train_step(run.params, run.opt_state, batch)
-      run.step += 1
+      run.checkpointer.check_for_errors()          # a failed async save stops at the next step
+      metrics = _step(run, setup.global_batch(next(run.data.train_iter)))
       throughput.tick()
       last = run.step == tc.steps
-      if run.step % tc.log_every == 0 or last:
-        _log_train(run, metrics, throughput, progress)
+      due = [run.step % tc.log_every == 0 or last, run.step % tc.eval_every == 0 or last,
+             run.checkpointer.should_save(run.step) or last]
+      if any(due):
+        failure = _check_pending(run)
+        if failure is not None:
+          _recover(run, failure)
+          throughput.reset()
+          continue
+      if due[0]:
+        _log_train(run, metrics, throughput)
       else:
-        progress.update(run.step, None)
-      if run.step % tc.eval_every == 0 or last:
-        val = _evaluate_and_log(run, progress)
+        run.progress.update(run.step, None)
+      if due[1]:
+        val = _evaluate_and_log(run)
         throughput.reset()
-      if run.checkpointer.should_save(run.step) or last:
+      if due[2] and (run.guard.calm or last):
         run.save()
         last_saved = run.step
     if interrupt.signal is not None:
-      if last_saved != run.step:
+      if last_saved != run.step and _check_pending(run) is None and run.guard.calm:
         run.save()
-      progress.write(f'Interrupted (signal {interrupt.signal}) at step {run.step}: checkpoint '
-                     'saved; run the same command again to resume.')
+      run.progress.write(f'Interrupted (signal {interrupt.signal}) at step {run.step}: '
+                         'checkpoint saved; run the same command again to resume.')
   return val
 
 
 def run(config, workdir: str) -> dict:
   """Trains config in workdir (resuming from its latest checkpoint); returns final val metrics."""
   state = _start(config, workdir)
-  progress = Progress(state.step, config.train.steps)
-  progress.write(_describe(state))
+  state.progress.write(_describe(state))
   interrupt = _Interrupt()
   try:
-    val = _train(state, interrupt, progress)
+    val = _train(state, interrupt)
   finally:
     interrupt.restore()
     state.checkpointer.close()
-    progress.close()
+    state.progress.close()
     state.writer.close()
   return val or {}

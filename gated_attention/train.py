@@ -101,8 +101,11 @@ def _accumulated_grads(grad_fn, params, micro, pooled):
   return jax.tree.map(lambda x: x / n, (grads, metrics))
 
 
-def train_step(params, opt_state, batch, *, graphdef, tc, pools_stats, optimizer):
-  """One optimizer step over `tc.grad_accum` micro-batches."""
+def train_step(params, opt_state, batch, lr_scale, *, graphdef, tc, pools_stats, optimizer):
+  """One optimizer step over `tc.grad_accum` micro-batches, its updates scaled by `lr_scale`
+  (1 unless a rollback lowered the learning rate). A step whose loss, gradients or updates are
+  not finite changes nothing: parameters and optimizer state come back as they went in, and
+  metrics['finite'] is False (the loop counts it; stability.py)."""
   n = tc.grad_accum
   grad_fn = jax.value_and_grad(
       lambda p, b, pooled=None: loss_fn(p, graphdef, b, tc, pooled), has_aux=True)
@@ -118,10 +121,17 @@ def train_step(params, opt_state, batch, *, graphdef, tc, pools_stats, optimizer
         return None, loss_fn(params, graphdef, mb, tc)[1][1]
       pooled = jax.lax.stop_gradient(jnp.mean(jax.lax.scan(stats_of, None, micro)[1], 0))
     grads, metrics = _accumulated_grads(grad_fn, params, micro, pooled)
-  updates, opt_state = optimizer.update(grads, opt_state, params)
-  params = optax.apply_updates(params, updates)
-  metrics['grad_norm'] = optax.tree.norm(grads)
-  metrics['param_norm'] = optax.tree.norm(params)
+  updates, new_opt_state = optimizer.update(grads, opt_state, params)
+  updates = jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
+  new_params = optax.apply_updates(params, updates)
+  grad_norm, update_norm = optax.tree.norm(grads), optax.tree.norm(updates)
+  finite = (jnp.isfinite(metrics['loss']) & jnp.isfinite(grad_norm)
+            & jnp.isfinite(update_norm))
+  keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+  params = jax.tree.map(keep, new_params, params)
+  opt_state = jax.tree.map(keep, new_opt_state, opt_state)
+  metrics.update(grad_norm=grad_norm, update_norm=update_norm,
+                 param_norm=optax.tree.norm(params), finite=finite)
   return params, opt_state, metrics
 
 
@@ -206,7 +216,7 @@ class Setup:
     self.train_step = jax.jit(
         with_rules(functools.partial(train_step, graphdef=self.graphdef, tc=tc,
                                      pools_stats=self.model_cfg.pools_ffn_stats, optimizer=self.optimizer)),
-        in_shardings=(self.param_shardings, self.opt_shardings, self.batch_sharding),
+        in_shardings=(self.param_shardings, self.opt_shardings, self.batch_sharding, replicated),
         out_shardings=(self.param_shardings, self.opt_shardings, replicated),
         donate_argnums=(0, 1))
     self.eval_step = jax.jit(
@@ -231,6 +241,11 @@ class Setup:
   def init(self, seed: int):
     with jax.set_mesh(self.mesh):
       return self.init_fn(jax.random.key(seed))
+
+  def init_opt_state(self, params):
+    """A fresh optimizer state for `params` (a warm start from other weights)."""
+    with jax.set_mesh(self.mesh):
+      return jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(params)
 
   def global_batch(self, local_batch: dict) -> dict:
     """Per-process numpy batch -> global jax arrays sharded over the data-parallel axes."""

@@ -70,7 +70,7 @@ def steps_mode(c, process_index, process_count, n_steps=STEPS, after_step=None):
       local = [next(d.train_iter) for d in shards]
       local = {k: np.concatenate([b[k] for b in local]) for k in local[0]}
       batch = setup.global_batch(local)
-      params, opt, metrics = setup.train_step(params, opt, batch)
+      params, opt, metrics = setup.train_step(params, opt, batch, 1.0)
       losses.append(float(metrics['loss']))
       if after_step is not None:
         extra.update(after_step(step, setup, params))

@@ -291,7 +291,8 @@ def variant_names():
   """Every config file's stem in configs/ (one per variant), sorted."""
   import pathlib  # pylint: disable=g-import-not-at-top
   root = pathlib.Path(__file__).resolve().parent.parent / 'configs'
-  return sorted(p.stem for p in root.glob('*.py') if p.stem not in ('__init__', 'base'))
+  return sorted(p.stem for p in root.glob('*.py')
+                if p.stem not in ('__init__', 'base', 'from_run'))
 
 
 def gated_variant_names():

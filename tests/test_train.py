@@ -109,7 +109,7 @@ def test_grad_accumulation_matches_one_big_batch():
     setup = train_lib.Setup(c, mesh)
     params, opt = setup.init(0)
     with jax.set_mesh(mesh):
-      params, _, metrics = setup.train_step(params, opt, setup.global_batch(batch))
+      params, _, metrics = setup.train_step(params, opt, setup.global_batch(batch), 1.0)
     results.append((jax.device_get(params), jax.device_get(metrics)))
   (p1, m1), (p4, m4) = results
   assert m1['loss'] == pytest.approx(m4['loss'], rel=1e-5)

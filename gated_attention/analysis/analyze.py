@@ -41,6 +41,8 @@ DEFINITIONS = {
     'gate_score_mean': 'mean gate score act(XW), averaged over layers',
     'sparsity': 'SDPA output Y before/after the gate: mean |Y|, fraction |Y| < 1e-2, 1e-3',
     'ppl': 'exp(mean token cross-entropy) on the held-out batches',
+    'stability': 'loss spikes, skipped non-finite steps and rollbacks of the training run '
+                 '(gated_attention/stability.py)',
 }
 
 
@@ -190,7 +192,7 @@ def _report(result, cfg, workdir, step, data, map_layers_spec) -> dict:
       seq_len=int(cfg.data.seq_len), batch_size=int(cfg.train.batch_size),
       tokenizer=data.tokenizer.name,
       attn_map_layers=_map_layers(map_layers_spec, report['num_layers']),
-      definitions=DEFINITIONS)
+      stability=metrics.stability(runs.read_metrics(workdir)), definitions=DEFINITIONS)
   return report
 
 

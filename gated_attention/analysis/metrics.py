@@ -169,3 +169,20 @@ def report(pooled: dict, *, loss: float | None, tokens: float | None = None,
 def uniform_causal_f_attn(seq_len: int) -> float:
   """F-Attn of uniform causal attention: mean over queries q = 1..T-1 of 1 / (q + 1)."""
   return float(np.mean(1.0 / (np.arange(1, seq_len) + 1.0)))
+
+
+def stability(rows: list[dict]) -> dict:
+  """Loss spikes, skipped (non-finite) steps and rollbacks of a run, from its metrics.jsonl rows
+  (the training loop's stability guard writes one row per event; gated_attention/stability.py):
+  counts, the largest spike (loss over the running level) and the steps of every spike."""
+  spikes = [r for r in rows if r.get('split') == 'spike']
+  largest = max(spikes, key=lambda r: r.get('ratio') or 0.0, default=None)
+  return {
+      'spikes': len(spikes),
+      'skipped_steps': sum(r.get('split') == 'skip' for r in rows),
+      'rollbacks': sum(r.get('split') == 'rollback' for r in rows),
+      'halted': any(r.get('split') == 'failure' for r in rows),
+      'largest_spike': None if largest is None else {
+          k: largest.get(k) for k in ('step', 'loss', 'level', 'ratio')},
+      'spike_steps': [r['step'] for r in spikes],
+  }

@@ -1,0 +1,23 @@
+"""The saved config of a run: `--config=configs/from_run.py:runs/NAME` (or a config.json path).
+
+Continue a run with exactly its own settings, or start a new run from them with a few overrides
+(`--workdir=runs/NEW --config=configs/from_run.py:runs/NAME --config.seed=1`). Fields added to
+configs/base.py since the run was saved take their defaults.
+"""
+
+import json
+import os
+
+from configs import base
+
+
+def get_config(run: str = ''):
+  if not run:
+    raise ValueError('configs/from_run.py needs a run directory or a config.json after a colon: '
+                     '--config=configs/from_run.py:runs/NAME')
+  path = os.path.join(run, 'config.json') if os.path.isdir(run) else run
+  if not os.path.isfile(path):
+    raise ValueError(f'configs/from_run.py:{run}: {path} does not exist (pass a run directory '
+                     'that holds config.json, or the path of a config.json).')
+  with open(path) as f:
+    return base.from_saved(json.load(f))
