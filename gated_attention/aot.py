@@ -339,12 +339,10 @@ def _roofline(xla_flops, xla_bytes, loops, cost, analytic, per_device, n_dev, to
 def _lower_and_compile(setup, config):
   """(traced, compiled or None, error or None, {lower, compile} seconds, logs before)."""
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   batch = abstract_batch(setup, config)
   t0 = time.time()
   with jax.set_mesh(setup.mesh):
-    lr_scale = jax.ShapeDtypeStruct((), jnp.float32, sharding=setup.replicated)
-    traced = setup.train_step.trace(setup.abstract_params, setup.abstract_opt, batch, lr_scale)
+    traced = setup.train_step.trace(setup.abstract_params, setup.abstract_opt, batch, 1.0)
     lowered = traced.lower()
   t1, logs_before = time.time(), _log_sizes()
   try:

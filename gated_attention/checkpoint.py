@@ -41,10 +41,11 @@ CHECKPOINTS_DIR = 'checkpoints'
 # Config fields that may change between a run and its resumption (they do not change what the
 # checkpoint holds); any other difference in config.model or these data fields is refused.
 MODEL_FREE = ('remat', 'attention_impl', 'dtype')
-DATA_FIXED = ('tokenizer', 'seq_len')
-# What the saved position of the data iterator depends on: a resumption may not change it.
-ITERATOR_FIELDS = ('seed', 'train.batch_size', 'data.source', 'data.path', 'data.hf_config',
-                   'data.hf_split', 'data.text_field', 'data.val_fraction',
+DATA_FIXED = ('tokenizer',)
+# What the saved position of the data iterator depends on: a resumption may not change it (a
+# warm start, which has no saved position, may).
+ITERATOR_FIELDS = ('seed', 'train.batch_size', 'data.seq_len', 'data.source', 'data.path',
+                   'data.hf_config', 'data.hf_split', 'data.text_field', 'data.val_fraction',
                    'data.shuffle_buffer', 'data.task', 'data.synthetic')
 
 
@@ -329,6 +330,8 @@ class Checkpointer:
       raise CheckpointError(f'checksum mismatch in {(wrong or sorted(set(got) - set(want)))[:3]}')
 
   def _restore(self, step: int, abstract_state: dict, data_iter) -> Restored:
+    if not os.path.isdir(os.path.join(self.directory, str(step), 'state')):
+      raise CheckpointError('empty or partial: it holds no state')
     if not self.has_data(step):
       params = self.restore_params(step, abstract_state['params'])
       self._verify(step, {'params': params})
@@ -338,7 +341,7 @@ class Checkpointer:
           state=ocp.args.StandardRestore(abstract_state),
           data=grain.checkpoint.CheckpointRestore(data_iter)))
     except Exception as e:  # orbax and grain raise many types
-      raise CheckpointError(f'{type(e).__name__}: {str(e)[:300]}') from e
+      raise CheckpointError(f'{type(e).__name__}: {str(e)[:200]}') from e
     self._verify(step, out['state'])
     loop = self.manager.metadata(step).custom_metadata.get('loop') or {}
     return Restored(step, out['state'], loop, warm=False)
@@ -376,7 +379,7 @@ class Checkpointer:
     for step in reversed(self.all_steps()):
       self._check_processes(step)
       try:
-        with _stderr_without_async_noise():
+        with _stderr_without_async_noise(), _quiet_orbax():
           return self._restore(step, abstract_state, data_iter)
       except CheckpointError as e:
         moved = self.set_aside(step)
@@ -389,16 +392,23 @@ class Checkpointer:
     return self._restore(step, abstract_state, data_iter)
 
   def restore_params(self, step: int, abstract_params: dict) -> dict:
-    """The parameters of checkpoint `step` alone (the optimizer state is not read)."""
+    """The parameters of checkpoint `step` alone (the optimizer state is not read). A reader
+    of its own: orbax binds an item to the handler of its first use (a partial restore's
+    PyTree handler here, the standard one for saves)."""
     item = {'params': abstract_params}
+    with _quiet_orbax():
+      reader = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
+          read_only=True), item_names=('state', 'data'))
     try:
-      out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+      out = reader.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
           item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
           partial_restore=True)))
     except Exception as e:  # orbax raises many types; name the checkpoint and the likely cause
       raise CheckpointError(
           f'Could not restore the parameters of checkpoint {step} in {self.directory}: {e}\n'
           'Is the saved config.json the one this checkpoint was trained with?') from e
+    finally:
+      reader.close()
     return out['state']['params']
 
   def close(self):

@@ -16,7 +16,6 @@ import json
 import signal
 
 import jax
-import numpy as np
 
 import input_pipeline
 from gated_attention import checkpoint as ckpt_lib
@@ -220,7 +219,7 @@ def _step(run: _Run, batch) -> dict:
   setup = run.setup
   try:
     run.params, run.opt_state, metrics = setup.train_step(run.params, run.opt_state, batch,
-                                                          np.float32(run.lr_scale))
+                                                          float(run.lr_scale))
   except jax.errors.JaxRuntimeError as e:
     if 'RESOURCE_EXHAUSTED' not in str(e) and 'out of memory' not in str(e).lower():
       raise

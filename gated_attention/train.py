@@ -101,11 +101,13 @@ def _accumulated_grads(grad_fn, params, micro, pooled):
   return jax.tree.map(lambda x: x / n, (grads, metrics))
 
 
-def train_step(params, opt_state, batch, lr_scale, *, graphdef, tc, pools_stats, optimizer):
+def train_step(params, opt_state, batch, lr_scale: float, *, graphdef, tc, pools_stats,
+               optimizer):
   """One optimizer step over `tc.grad_accum` micro-batches, its updates scaled by `lr_scale`
-  (1 unless a rollback lowered the learning rate). A step whose loss, gradients or updates are
-  not finite changes nothing: parameters and optimizer state come back as they went in, and
-  metrics['finite'] is False (the loop counts it; stability.py)."""
+  (a static float: 1 unless a rollback lowered the learning rate, and then one recompile).
+  A step whose loss, gradients or updates are not finite changes nothing: parameters and
+  optimizer state come back as they went in, and metrics['finite'] is False (the loop counts
+  it; stability.py)."""
   n = tc.grad_accum
   grad_fn = jax.value_and_grad(
       lambda p, b, pooled=None: loss_fn(p, graphdef, b, tc, pooled), has_aux=True)
@@ -122,7 +124,8 @@ def train_step(params, opt_state, batch, lr_scale, *, graphdef, tc, pools_stats,
       pooled = jax.lax.stop_gradient(jnp.mean(jax.lax.scan(stats_of, None, micro)[1], 0))
     grads, metrics = _accumulated_grads(grad_fn, params, micro, pooled)
   updates, new_opt_state = optimizer.update(grads, opt_state, params)
-  updates = jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
+  if lr_scale != 1.0:
+    updates = jax.tree.map(lambda u: u * jnp.asarray(lr_scale, u.dtype), updates)
   new_params = optax.apply_updates(params, updates)
   grad_norm, update_norm = optax.tree.norm(grads), optax.tree.norm(updates)
   finite = (jnp.isfinite(metrics['loss']) & jnp.isfinite(grad_norm)
@@ -215,10 +218,11 @@ class Setup:
                                                                    self.opt_shardings))
     self.train_step = jax.jit(
         with_rules(functools.partial(train_step, graphdef=self.graphdef, tc=tc,
-                                     pools_stats=self.model_cfg.pools_ffn_stats, optimizer=self.optimizer)),
-        in_shardings=(self.param_shardings, self.opt_shardings, self.batch_sharding, replicated),
+                                     pools_stats=self.model_cfg.pools_ffn_stats,
+                                     optimizer=self.optimizer)),
+        in_shardings=(self.param_shardings, self.opt_shardings, self.batch_sharding),
         out_shardings=(self.param_shardings, self.opt_shardings, replicated),
-        donate_argnums=(0, 1))
+        static_argnums=(3,), donate_argnums=(0, 1))
     self.eval_step = jax.jit(
         with_rules(functools.partial(eval_step, graphdef=self.graphdef, tc=tc)),
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
