@@ -6,6 +6,8 @@
   python main.py --mode=compare runs/baseline runs/g1                             # paper-style table
   python main.py --config=configs/baseline.py:moe_15a2b --mode=memory             # per-device bytes
   python main.py --config=configs/baseline.py:moe_15a2b --mode=compile --topology=v5p:4x4x4
+  python main.py --mode=import --hf=/data/1B_gate_headwise --workdir=runs/hf_headwise
+  python main.py --mode=export --workdir=runs/g1_headwise --out=out/g1_headwise_hf
 Any config field can be overridden: --config.train.steps=100 --config.model.num_layers=2.
 """
 
@@ -43,10 +45,16 @@ try:  # the override flags (--config.x.y=...) are typed against the default conf
 except (AttributeError, KeyError, TypeError, ValueError) as error:
   _bad_override(error)
 flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, metrics, analysis.')
-flags.DEFINE_enum('mode', 'train', ['train', 'params', 'analyze', 'compare', 'memory', 'compile'],
-                  'What to do.')
+flags.DEFINE_enum('mode', 'train', ['train', 'params', 'analyze', 'compare', 'memory', 'compile',
+                                     'import', 'export'], 'What to do.')
 flags.DEFINE_string('topology', None, '--mode=compile: a TPU topology name, e.g. v5p:4x4x4.')
-flags.DEFINE_string('out', None, '--mode=compare: output directory (default: compare/).')
+flags.DEFINE_string('out', None, '--mode=compare: output directory (default: compare/); '
+                    '--mode=export: the Hugging Face directory to write.')
+flags.DEFINE_string('hf', None, '--mode=import: a local Hugging Face model directory.')
+flags.DEFINE_enum('export_dtype', 'float32', ['float32', 'bfloat16'],
+                  '--mode=export: the dtype of the written weights.')
+flags.DEFINE_string('remote_code_dir', None, '--mode=export of a G1 gate: a directory holding the '
+                    "authors' modeling_qwen3.py / configuration_qwen3.py to copy beside it.")
 FLAGS = flags.FLAGS
 
 
@@ -97,6 +105,20 @@ def _train_config(config, workdir: str):
   return resumed
 
 
+def _interop():
+  from gated_attention.hf import rundir  # pylint: disable=g-import-not-at-top
+  if FLAGS.mode == 'import':
+    if not FLAGS.hf:
+      sys.exit('--mode=import needs --hf=DIR, a local Hugging Face model directory.')
+    overrides = dict(getattr(FLAGS['config'], 'override_values', None) or {})
+    print(json.dumps(rundir.import_run(FLAGS.hf, FLAGS.workdir, overrides=overrides), indent=1))
+  else:
+    if not FLAGS.out:
+      sys.exit('--mode=export needs --out=DIR, the Hugging Face directory to write.')
+    print(json.dumps(rundir.export_run(FLAGS.workdir, FLAGS.out, dtype=FLAGS.export_dtype,
+                                       remote_code_dir=FLAGS.remote_code_dir), indent=1))
+
+
 def dispatch(config, rest):
   if rest and FLAGS.mode != 'compare':
     sys.exit(f'Unexpected arguments {rest}; only --mode=compare takes run directories.')
@@ -118,6 +140,8 @@ def dispatch(config, rest):
   else:
     if not FLAGS.workdir:
       sys.exit(f'--workdir is required for --mode={FLAGS.mode} (for example --workdir=runs/g1).')
+    if FLAGS.mode in ('import', 'export'):
+      return _interop()
     from gated_attention import distributed  # pylint: disable=g-import-not-at-top
     distributed.initialize(config.distributed)
     if FLAGS.mode == 'train':

@@ -1,0 +1,199 @@
+"""load_hf: a Hugging Face model directory -> (run config, parameters); save_hf: the reverse.
+
+Dtypes: HF weights of any float dtype (bf16, as released, or fp16/fp32) load exactly into the
+project's float32 parameters; the compute dtype is `config.model.dtype` (float32 by default,
+`compute_dtype='bfloat16'` for speed). Export writes float32 by default, which round-trips
+bit for bit; `dtype='bfloat16'` halves the files and rounds to nearest even (as torch's
+`.to(torch.bfloat16)`), exact for weights that came from bf16.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from gated_attention.hf import hf_config, layout, safetensors_io
+from gated_attention.hf.errors import HFExportError, HFFormatError
+
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9        # transformers' save_pretrained default ("5GB")
+EXPORT_DTYPES = ('float32', 'bfloat16')
+TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json',
+                   'vocab.json', 'merges.txt', 'added_tokens.json', 'chat_template.jinja')
+REMOTE_CODE_FILES = ('modeling_qwen3.py', 'configuration_qwen3.py')
+
+
+def _read_json(path: str, required: bool) -> dict:
+  if not os.path.isfile(path):
+    if required:
+      raise HFFormatError(f'{path} does not exist: pass a Hugging Face model directory (one '
+                          'with config.json and *.safetensors).')
+    return {}
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except ValueError as e:
+    raise HFFormatError(f'{path} is not valid JSON ({e}).') from e
+
+
+def read_hf_config(model_dir: str, *, compute_dtype: str = 'float32'):
+  """The run config of a HF directory (validates config.json; reads no weights)."""
+  hf = _read_json(os.path.join(model_dir, 'config.json'), required=True)
+  gen = _read_json(os.path.join(model_dir, 'generation_config.json'), required=False)
+  return hf_config.run_config(hf, model_dir, compute_dtype=compute_dtype, generation_config=gen)
+
+
+def _check_tensors(dims: layout.Dims, files: dict):
+  """Every expected tensor present with its shape, and nothing else, before reading any data."""
+  expected = {e.name: e.shape for e in layout.entries(dims)}
+  missing = sorted(set(expected) - set(files))
+  if missing:
+    raise HFFormatError(f'the checkpoint lacks {len(missing)} tensor(s) that config.json implies, '
+                        f'e.g. {missing[:3]}; are config.json and the weights from one model?')
+  ignored = lambda n: n.endswith(layout.IGNORED_SUFFIXES) or (dims.tied and n == 'lm_head.weight')
+  extra = sorted(n for n in set(files) - set(expected) if not ignored(n))
+  if extra:
+    why = ('biases are not supported' if any(n.endswith('.bias') for n in extra)
+           else 'the project has no such parameters')
+    raise HFFormatError(f'the checkpoint has {len(extra)} tensor(s) the project cannot '
+                        f'represent, e.g. {extra[:3]}: {why}.')
+  for name, shape in expected.items():
+    if files[name].shape(name) != shape:
+      raise HFFormatError(f'tensor {name!r} has shape {list(files[name].shape(name))}; '
+                          f'config.json implies {list(shape)}.')
+
+
+def load_hf(model_dir: str, *, compute_dtype: str = 'float32') -> tuple:
+  """(run config, parameters) of a local HF Qwen3 / gated-Qwen3 directory. The parameters are
+  a nested dict of float32 numpy arrays laid out as `nnx.to_pure_dict(nnx.state(Transformer))`.
+  Everything is validated before the first weight is read."""
+  config = read_hf_config(model_dir, compute_dtype=compute_dtype)
+  dims = hf_config.dims_from_hf(json.loads(config.hf.config_json))
+  files = safetensors_io.open_checkpoint(model_dir)
+  _check_tensors(dims, files)
+  return config, layout.to_params(dims, lambda name: files[name].get(name))
+
+
+def _check_params(dims: layout.Dims, params: dict):
+  want = {'.'.join(p): s for p, s in layout.param_shapes(dims).items()}
+  have = {}
+
+  def walk(tree, prefix):
+    for k, v in tree.items():
+      if isinstance(v, dict):
+        walk(v, prefix + (str(k),))
+      else:
+        have['.'.join(prefix + (str(k),))] = tuple(np.shape(v))
+
+  walk(params, ())
+  if have != want:
+    diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+    raise HFExportError(f'the parameters do not match the config at {diff[:4]}: '
+                        f'have {[have.get(k) for k in diff[:4]]}, expected '
+                        f'{[want.get(k) for k in diff[:4]]}.')
+
+
+def _tokenizer_files(config, tokenizer_dir: str | None) -> list[tuple[str, str]]:
+  """(source, name) of the tokenizer files to copy: the run's tokenizer.json (a HF tokenizer)
+  and the HF tokenizer files beside it, or those in `tokenizer_dir`."""
+  if tokenizer_dir is None:
+    path = str(config.data.tokenizer)
+    if not path.endswith('.json'):
+      return []                    # byte / sentencepiece / synthetic: no HF tokenizer to write
+    if not os.path.isfile(path):
+      raise HFExportError(f'config.data.tokenizer={path!r} does not exist; pass tokenizer_dir= '
+                          'the directory of the run\'s tokenizer.json.')
+    tokenizer_dir = os.path.dirname(os.path.abspath(path))
+  else:
+    path = os.path.join(tokenizer_dir, 'tokenizer.json')
+    if not os.path.isfile(path):
+      raise HFExportError(f'tokenizer_dir={tokenizer_dir!r} has no tokenizer.json.')
+  others = [(os.path.join(tokenizer_dir, f), f) for f in TOKENIZER_FILES[1:]]
+  return [(path, 'tokenizer.json')] + [(p, f) for p, f in others if os.path.isfile(p)]
+
+
+def _check_out_dir(out_dir: str):
+  if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+    raise HFExportError(f'out_dir={out_dir!r} exists and is not an empty directory; export '
+                        'into a new directory.')
+
+
+def _write_weights(tmp: str, dims: layout.Dims, params: dict, dtype, max_shard_bytes: int):
+  """model.safetensors, or model-0000i-of-0000n.safetensors + the index above the limit."""
+  entries = layout.entries(dims)
+  plan = [(e.name, int(np.prod(e.shape)) * dtype.itemsize) for e in entries]
+  shards = safetensors_io.plan_shards(plan, max_shard_bytes)
+  by_name = {e.name: e for e in entries}
+  names = ([safetensors_io.SINGLE_FILE] if len(shards) == 1 else
+           [f'model-{i + 1:05d}-of-{len(shards):05d}.safetensors' for i in range(len(shards))])
+  total, weight_map = 0, {}
+  for fname, shard in zip(names, shards):
+    tensors = [(n, by_name[n].shape, dtype,
+                lambda e=by_name[n]: layout.from_params(dims, params, e)) for n in shard]
+    total += safetensors_io.write_file(os.path.join(tmp, fname), tensors, {'format': 'pt'})
+    weight_map.update({n: fname for n in shard})
+  if len(shards) > 1:
+    with open(os.path.join(tmp, safetensors_io.INDEX_FILE), 'w') as f:
+      json.dump({'metadata': {'total_size': total}, 'weight_map': weight_map}, f, indent=2)
+  return names
+
+
+def _bos_id(config, tokenizer_files) -> int | None:
+  """The BOS id the run's documents start with (exported as bos and eos: packed documents are
+  separated by BOS alone), when the run used a HF tokenizer."""
+  if not tokenizer_files or config.get('hf'):
+    return None
+  from input_pipeline import make_tokenizer  # pylint: disable=g-import-not-at-top
+  return int(make_tokenizer(str(config.data.tokenizer)).bos_id)
+
+
+def _write_json(path: str, obj: dict):
+  with open(path, 'w') as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+    f.write('\n')
+
+
+def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
+            max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, tokenizer_dir: str | None = None,
+            remote_code_dir: str | None = None) -> dict:
+  """Writes `out_dir` as a HF model directory: safetensors, config.json,
+  generation_config.json, the tokenizer files (a HF tokenizer.json run, or `tokenizer_dir`)
+  and, for G1, the authors' modeling_qwen3.py / configuration_qwen3.py from `remote_code_dir`
+  if given. Everything is validated before anything is written; the directory appears whole
+  (written beside it, then renamed). Returns {'format', 'files'}."""
+  hf_config.check_exportable(config)
+  if dtype not in EXPORT_DTYPES:
+    raise HFExportError(f'dtype={dtype!r} is not one of {", ".join(EXPORT_DTYPES)}.')
+  dims = hf_config.dims_from_run(config, params)
+  _check_params(dims, params)
+  tokenizer = _tokenizer_files(config, tokenizer_dir)
+  code = []
+  if remote_code_dir is not None and dims.gate != 'none':
+    code = [(os.path.join(remote_code_dir, f), f) for f in REMOTE_CODE_FILES]
+    missing = [p for p, _ in code if not os.path.isfile(p)]
+    if missing:
+      raise HFExportError(f'remote_code_dir={remote_code_dir!r} lacks {missing}.')
+  _check_out_dir(out_dir)
+  cfg = hf_config.hf_config(config, dims, dtype, bos_id=_bos_id(config, tokenizer))
+  out_dir = os.path.abspath(out_dir)
+  parent = os.path.dirname(out_dir)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + '.partial-', dir=parent)
+  try:
+    os.chmod(tmp, 0o755)
+    _write_weights(tmp, dims, params, safetensors_io.DTYPES['BF16' if dtype == 'bfloat16'
+                                                            else 'F32'], max_shard_bytes)
+    _write_json(os.path.join(tmp, 'config.json'), cfg)
+    _write_json(os.path.join(tmp, 'generation_config.json'),
+                hf_config.generation_config(config, cfg))
+    for src, name in tokenizer + code:
+      shutil.copyfile(src, os.path.join(tmp, name))
+    if os.path.isdir(out_dir):
+      os.rmdir(out_dir)
+    os.rename(tmp, out_dir)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return {'format': 'qwen3' if dims.gate == 'none' else f'authors_gated_qwen3_{dims.gate}',
+          'files': sorted(os.listdir(out_dir))}

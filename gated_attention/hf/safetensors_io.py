@@ -1,0 +1,133 @@
+"""The safetensors format, read and written with numpy alone (no torch, no `safetensors`).
+
+A file is: 8 bytes (little-endian u64) header length N, N bytes of JSON
+`{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}`, then the tensors'
+bytes, contiguous, offsets relative to the end of the header. bfloat16 is `ml_dtypes.bfloat16`.
+A sharded checkpoint adds `model.safetensors.index.json` (`weight_map`: tensor -> file).
+"""
+
+import glob
+import json
+import os
+import struct
+
+import ml_dtypes
+import numpy as np
+
+from gated_attention.hf.errors import HFFormatError
+
+DTYPES = {'F64': np.dtype('<f8'), 'F32': np.dtype('<f4'), 'F16': np.dtype('<f2'),
+          'BF16': np.dtype(ml_dtypes.bfloat16)}
+NAMES = {v: k for k, v in DTYPES.items()}
+INDEX_FILE = 'model.safetensors.index.json'
+SINGLE_FILE = 'model.safetensors'
+_MAX_HEADER = 100 * 2**20
+
+
+class SafetensorsFile:
+  """One .safetensors file: its header, and tensors read one at a time (`get`)."""
+
+  def __init__(self, path: str):
+    self.path = path
+    with open(path, 'rb') as f:
+      raw = f.read(8)
+      n = struct.unpack('<Q', raw)[0] if len(raw) == 8 else -1
+      if not 0 < n <= _MAX_HEADER:
+        raise HFFormatError(f'{path} is not a safetensors file (header length {n}).')
+      try:
+        header = json.loads(f.read(n))
+      except ValueError as e:
+        raise HFFormatError(f'{path}: unreadable safetensors header ({e}).') from e
+    self.data_start = 8 + n
+    self.metadata = header.pop('__metadata__', None) or {}
+    self.entries = header
+    for name, e in header.items():
+      if e.get('dtype') not in DTYPES:
+        raise HFFormatError(f'{path}: tensor {name!r} has dtype {e.get("dtype")!r}; only '
+                            f'{", ".join(DTYPES)} weights can be read.')
+
+  def shape(self, name: str) -> tuple:
+    return tuple(self.entries[name]['shape'])
+
+  def get(self, name: str) -> np.ndarray:
+    """The tensor in its stored dtype (float16/bfloat16/float32/float64)."""
+    e = self.entries[name]
+    dtype = DTYPES[e['dtype']]
+    begin, end = e['data_offsets']
+    count = int(np.prod(e['shape'], dtype=np.int64))
+    if end - begin != count * dtype.itemsize:
+      raise HFFormatError(f'{self.path}: tensor {name!r} spans {end - begin} bytes, not '
+                          f'{count * dtype.itemsize} for shape {e["shape"]} {e["dtype"]}.')
+    with open(self.path, 'rb') as f:
+      f.seek(self.data_start + begin)
+      buf = f.read(end - begin)
+    if len(buf) != end - begin:
+      raise HFFormatError(f'{self.path} is truncated (tensor {name!r}).')
+    return np.frombuffer(buf, dtype).reshape(e['shape'])
+
+
+def open_checkpoint(model_dir: str) -> dict:
+  """{tensor name: SafetensorsFile holding it} for a single or sharded checkpoint."""
+  index = os.path.join(model_dir, INDEX_FILE)
+  if os.path.isfile(index):
+    with open(index) as f:
+      weight_map = json.load(f).get('weight_map') or {}
+    files = {fn: SafetensorsFile(os.path.join(model_dir, fn))
+             for fn in sorted(set(weight_map.values()))}
+    out = {}
+    for name, fn in weight_map.items():
+      if name not in files[fn].entries:
+        raise HFFormatError(f'{index} maps {name!r} to {fn}, which does not hold it.')
+      out[name] = files[fn]
+    return out
+  paths = sorted(glob.glob(os.path.join(model_dir, '*.safetensors')))
+  if not paths:
+    raise HFFormatError(f'{model_dir} has no *.safetensors weights (PyTorch .bin checkpoints are '
+                        'not read: convert them with transformers\' save_pretrained first).')
+  out = {}
+  for path in paths:
+    st = SafetensorsFile(path)
+    for name in st.entries:
+      if name in out:
+        raise HFFormatError(f'tensor {name!r} is in both {out[name].path} and {path}.')
+      out[name] = st
+  return out
+
+
+def plan_shards(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:
+  """Tensors (in order) split greedily into files of at most `max_shard_bytes` (a larger
+  tensor gets a file of its own)."""
+  shards, current, used = [], [], 0
+  for name, nbytes in sizes:
+    if current and used + nbytes > max_shard_bytes:
+      shards.append(current)
+      current, used = [], 0
+    current.append(name)
+    used += nbytes
+  if current:
+    shards.append(current)
+  return shards
+
+
+def write_file(path: str, tensors: list, metadata: dict | None = None) -> int:
+  """Writes `tensors` [(name, shape, dtype, make)] to `path`, calling `make()` for each array
+  only when its bytes are written (so one tensor at a time is in memory). Returns data bytes."""
+  header, offset = {}, 0
+  for name, shape, dtype, _ in tensors:
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    header[name] = {'dtype': NAMES[dtype], 'shape': list(shape),
+                    'data_offsets': [offset, offset + nbytes]}
+    offset += nbytes
+  if metadata:
+    header = {'__metadata__': metadata, **header}
+  raw = json.dumps(header, separators=(',', ':')).encode()
+  raw += b' ' * (-len(raw) % 8)                 # the data starts 8-byte aligned
+  with open(path, 'wb') as f:
+    f.write(struct.pack('<Q', len(raw)))
+    f.write(raw)
+    for name, shape, dtype, make in tensors:
+      arr = np.ascontiguousarray(make(), dtype=dtype)
+      if arr.shape != tuple(shape):
+        raise AssertionError(f'{name}: made {arr.shape}, planned {tuple(shape)}')
+      arr.tofile(f)
+  return offset

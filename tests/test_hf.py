@@ -1,0 +1,453 @@
+"""Hugging Face interop (gated_attention/hf): golden fixtures, exact round trips, refusals.
+
+The fixtures (tests/fixtures/hf/, made by make_fixtures.py) are small random-weight Qwen3 models
+written by `transformers` itself, stock for the baseline and the authors' modeling_qwen3.py for
+the G1 gates, with their float32 logits and F-Attn: the independent reference. Stock Qwen3 is
+also checked live against the installed `transformers` (skipped without torch/transformers).
+"""
+
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import base
+from gated_attention.hf import HFExportError, HFFormatError, load_hf, save_hf
+from gated_attention.hf import safetensors_io
+from tests.reference import TINY_MODEL
+
+FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures', 'hf')
+CASES = ('baseline_tied', 'baseline_untied', 'headwise_untied', 'elementwise_tied')
+
+
+# --------------------------------------------------------------------------------------------
+# Running our model: the one place that builds a Transformer from a run config.
+# --------------------------------------------------------------------------------------------
+
+def _graphdef_and_state(config):
+  from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  cfg = ModelConfig.from_config(config.model)
+  return nnx.split(nnx.eval_shape(lambda: model_lib.Transformer(cfg, rngs=nnx.Rngs(0))))
+
+
+def _our_logits(config, params, tokens_BxT):
+  """(float32 logits [B, T, V], F-Attn per layer and head [L, H]) of our model with `params`,
+  from the analysis (inspect) path."""
+  from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
+  graphdef, state = _graphdef_and_state(config)
+  nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+
+  @jax.jit
+  def forward(state, tokens_BxT):
+    logits, stats = model_lib.inspect(nnx.merge(graphdef, state), tokens_BxT)
+    return logits, stats['f_attn_H']
+
+  logits, f_attn = forward(state, jnp.asarray(tokens_BxT))
+  return np.asarray(logits), np.asarray(f_attn)
+
+
+def _param_shapes(config) -> dict:
+  """{dotted path: shape} of the model's parameters (from the model itself, not from hf/)."""
+  _, state = _graphdef_and_state(config)
+  return _flat(nnx.to_pure_dict(state), shape=True)
+
+
+def _flat(tree, prefix='', shape=False) -> dict:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f'{prefix}{k}.', shape))
+    else:
+      out[f'{prefix}{k}'] = tuple(v.shape) if shape else v
+  return out
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+def _tiny_config(gate='none', tied=True, yarn=False):
+  c = base.get_config('tiny')
+  c.model.update({k: v for k, v in TINY_MODEL.items()})
+  c.model.tie_embeddings = tied
+  if gate != 'none':
+    c.model.gate.update(position='g1', granularity=gate)
+    c.variant = f'g1_{gate}'
+  if yarn:
+    c.model.rope_scaling.update(type='yarn', factor=2.0, original_max_len=8)
+  return c
+
+
+def _random_params(config, seed=0) -> dict:
+  rng = np.random.default_rng(seed)
+  out = {}
+  for path, shape in _param_shapes(config).items():
+    scale = 1.0 if path.endswith('scale') else 0.3
+    val = (1.0 if path.endswith('scale') else 0.0) + scale * rng.standard_normal(shape)
+    parent = out
+    for k in path.split('.')[:-1]:
+      parent = parent.setdefault(k, {})
+    parent[path.split('.')[-1]] = val.astype(np.float32)
+  return out
+
+
+def _raw_tensors(model_dir) -> dict:
+  """{name: (dtype name, shape, raw bytes)} of a (possibly sharded) HF checkpoint."""
+  files = safetensors_io.open_checkpoint(model_dir)
+  return {n: (f.entries[n]['dtype'], f.shape(n), f.get(n).tobytes()) for n, f in files.items()}
+
+
+def _fixture_dtype(case):
+  with open(os.path.join(FIXTURES, case, 'config.json')) as f:
+    return json.load(f)['torch_dtype']
+
+
+@functools.lru_cache(maxsize=None)
+def _fixture_run(case):
+  config, params = load_hf(os.path.join(FIXTURES, case))
+  ref = dict(np.load(os.path.join(FIXTURES, case, 'reference.npz')))
+  logits, f_attn = _our_logits(config, params, ref['tokens'])
+  return config, params, ref, logits, f_attn
+
+
+# --------------------------------------------------------------------------------------------
+# Golden fixtures: import
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('case', CASES)
+def test_import_logits_match_reference(case):
+  config, params, ref, logits, _ = _fixture_run(case)
+  assert {k: v.shape for k, v in _flat(params).items()} == _param_shapes(config)
+  assert all(v.dtype == np.float32 for v in _flat(params).values())
+  gate = case.split('_')[0]
+  assert config.model.gate.position == ('none' if gate == 'baseline' else 'g1')
+  assert config.variant == ('baseline' if gate == 'baseline' else f'g1_{gate}')
+  rel = np.max(np.abs(logits - ref['logits'])) / np.max(np.abs(ref['logits']))
+  assert rel < 1e-4, f'{case}: max |ours - reference| / max |reference| = {rel:.2e}'
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_f_attn_matches_reference(case):
+  """F-Attn per layer and head from our inspect path = from the reference's probabilities."""
+  _, _, ref, _, f_attn_LxH = _fixture_run(case)
+  np.testing.assert_allclose(f_attn_LxH, ref['f_attn'], atol=1e-5)
+  np.testing.assert_allclose(f_attn_LxH.mean(axis=1), ref['f_attn'].mean(axis=1), atol=1e-5)
+
+
+def test_import_maps_config_fields():
+  c = load_hf(os.path.join(FIXTURES, 'baseline_tied'))[0]
+  assert (c.model.rope_base, c.model.tie_embeddings, c.model.norm_eps) == (1e6, True, 1e-6)
+  assert c.model.rope_scaling.type == 'none'
+  assert c.data.tokenizer == os.path.join(FIXTURES, 'baseline_tied', 'tokenizer.json')
+  c = load_hf(os.path.join(FIXTURES, 'baseline_untied'))[0]
+  assert (c.model.norm_eps, c.model.tie_embeddings) == (1e-5, False)
+  c = load_hf(os.path.join(FIXTURES, 'elementwise_tied'))[0]
+  assert c.model.rope_scaling.to_dict() == dict(type='yarn', factor=4.0, original_max_len=8)
+  assert (c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.num_kv_heads,
+          c.model.head_dim, c.model.ffn_size, c.model.vocab_size) == (2, 48, 4, 2, 16, 80, 97)
+  assert c.model.gate.granularity == 'elementwise' and c.hf.source.endswith('elementwise_tied')
+
+
+# --------------------------------------------------------------------------------------------
+# Export
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('case', CASES)
+def test_export_of_imported_fixture_equals_original(case, tmp_path):
+  src = os.path.join(FIXTURES, case)
+  config, params = load_hf(src)
+  save_hf(config, params, tmp_path / 'out', dtype=_fixture_dtype(case))
+  assert _raw_tensors(tmp_path / 'out') == _raw_tensors(src)
+  with open(os.path.join(src, 'config.json')) as f:
+    original = json.load(f)
+  with open(tmp_path / 'out' / 'config.json') as f:
+    exported = json.load(f)
+  diff = {k: (v, exported.get(k)) for k, v in original.items()
+          if k != 'transformers_version' and exported.get(k, '<missing>') != v}
+  assert not diff, diff
+  assert ('auto_map' in exported) == (not case.startswith('baseline'))
+
+
+ROUND_TRIPS = [(g, t) for g in ('none', 'headwise', 'elementwise') for t in (True, False)]
+
+
+@pytest.mark.parametrize('gate,tied', ROUND_TRIPS)
+def test_import_export_roundtrip_is_exact(gate, tied, tmp_path):
+  config = _tiny_config(gate, tied, yarn=gate == 'headwise')
+  params = _random_params(config)
+  save_hf(config, params, tmp_path / 'hf')
+  loaded_config, loaded = load_hf(tmp_path / 'hf')
+  flat, flat_loaded = _flat(params), _flat(loaded)
+  assert flat.keys() == flat_loaded.keys()
+  for k, v in flat.items():
+    assert flat_loaded[k].dtype == np.float32 and np.array_equal(flat_loaded[k], v), k
+  assert loaded_config.model.to_dict() == config.model.to_dict()
+  assert loaded_config.variant == config.variant
+
+
+def test_sharded_and_bf16_export_roundtrip(tmp_path):
+  config = _tiny_config('elementwise', tied=False)
+  params = jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32),
+                        _random_params(config, seed=3))
+  single = save_hf(config, params, tmp_path / 'one', dtype='bfloat16')
+  assert single['files'] == ['config.json', 'generation_config.json', 'model.safetensors']
+  sharded = save_hf(config, params, tmp_path / 'many', dtype='bfloat16', max_shard_bytes=8000)
+  shards = [f for f in sharded['files'] if f.endswith('.safetensors')]
+  assert len(shards) > 2 and safetensors_io.INDEX_FILE in sharded['files']
+  with open(tmp_path / 'many' / safetensors_io.INDEX_FILE) as f:
+    index = json.load(f)
+  assert sorted(set(index['weight_map'].values())) == shards
+  assert _raw_tensors(tmp_path / 'many') == _raw_tensors(tmp_path / 'one')
+  assert all(t[0] == 'BF16' for t in _raw_tensors(tmp_path / 'one').values())
+  loaded = _flat(load_hf(tmp_path / 'many')[1])
+  assert all(np.array_equal(loaded[k], v) for k, v in _flat(params).items())
+
+
+def test_export_writes_the_runs_tokenizer(tmp_path):
+  tokenizers = pytest.importorskip('tokenizers')
+  vocab = {'<s>': 0, '<unk>': 1, **{f'w{i}': i + 2 for i in range(40)}}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token='<unk>'))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  os.makedirs(tmp_path / 'tok')
+  tok.save(str(tmp_path / 'tok' / 'tokenizer.json'))
+  config = _tiny_config()
+  config.data.tokenizer = str(tmp_path / 'tok' / 'tokenizer.json')
+  out = save_hf(config, _random_params(config), tmp_path / 'hf')
+  assert 'tokenizer.json' in out['files']
+  with open(tmp_path / 'hf' / 'config.json') as f:
+    assert (json.load(f)['bos_token_id']) == 0
+  with open(tmp_path / 'hf' / 'generation_config.json') as f:
+    assert json.load(f)['bos_token_id'] == 0
+  assert load_hf(tmp_path / 'hf')[0].data.tokenizer == str(tmp_path / 'hf' / 'tokenizer.json')
+
+
+# --------------------------------------------------------------------------------------------
+# Stock transformers, live
+# --------------------------------------------------------------------------------------------
+
+def test_stock_transformers_loads_exported_baseline(tmp_path):
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  config = _tiny_config('none', tied=False, yarn=True)
+  params = _random_params(config, seed=7)
+  save_hf(config, params, tmp_path / 'hf')
+  model, info = transformers.AutoModelForCausalLM.from_pretrained(
+      tmp_path / 'hf', dtype=torch.float32, output_loading_info=True)
+  assert not any(info.values()), info
+  tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (2, 16))
+  with torch.no_grad():
+    ref = model.eval()(torch.tensor(tokens)).logits.numpy()
+  ours, _ = _our_logits(config, params, tokens)
+  rel = np.max(np.abs(ours - ref)) / np.max(np.abs(ref))
+  assert rel < 1e-4, rel
+  # What this transformers writes (its own config spelling, e.g. v5's rope_parameters) imports.
+  model.save_pretrained(tmp_path / 'resaved')
+  resaved_config, resaved = load_hf(tmp_path / 'resaved')
+  assert resaved_config.model.to_dict() == config.model.to_dict()
+  assert all(np.array_equal(v, _flat(params)[k]) for k, v in _flat(resaved).items())
+
+
+def test_stock_transformers_refuses_a_gated_export(tmp_path):
+  """A G1 export never loads silently as an ungated stock Qwen3: its q_proj is wider."""
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  config = _tiny_config('headwise')
+  save_hf(config, _random_params(config), tmp_path / 'hf')
+  with pytest.raises(RuntimeError, match='mismatched'):
+    transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'hf', dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Refusals: named field, nothing written
+# --------------------------------------------------------------------------------------------
+
+def _copy_fixture(case, dst, **config_changes):
+  os.makedirs(dst)
+  for f in os.listdir(os.path.join(FIXTURES, case)):
+    with open(os.path.join(FIXTURES, case, f), 'rb') as src, open(os.path.join(dst, f), 'wb') as o:
+      o.write(src.read())
+  with open(os.path.join(dst, 'config.json')) as f:
+    cfg = json.load(f)
+  cfg.update(config_changes)
+  with open(os.path.join(dst, 'config.json'), 'w') as f:
+    json.dump(cfg, f)
+
+
+IMPORT_REFUSALS = [
+    (dict(attention_bias=True), 'attention_bias'),
+    (dict(qkv_bias=True), 'qkv_bias'),
+    (dict(use_sliding_window=True), 'use_sliding_window'),
+    (dict(layer_types=['full_attention', 'sliding_attention']), 'layer_types'),
+    (dict(model_type='llama'), 'model_type'),
+    (dict(model_type='qwen3_moe'), 'Mixture-of-Experts'),
+    (dict(hidden_act='gelu'), 'hidden_act'),
+    (dict(rope_scaling=dict(rope_type='linear', factor=2.0)), 'rope_scaling.rope_type'),
+    (dict(rope_scaling=dict(rope_type='yarn', factor=2.0, beta_fast=16)), 'rope_scaling.beta_fast'),
+    (dict(headwise_attn_output_gate=True, elementwise_attn_output_gate=True),
+     'elementwise_attn_output_gate'),
+    (dict(architectures=['Qwen3ForSequenceClassification']), 'architectures'),
+    (dict(headwise_attn_output_gate=True), 'q_proj'),          # weights without the gate rows
+]
+
+
+@pytest.mark.parametrize('changes,field', IMPORT_REFUSALS)
+def test_import_refuses_naming_the_field(changes, field, tmp_path):
+  _copy_fixture('baseline_untied', tmp_path / 'm', **changes)
+  with pytest.raises(HFFormatError, match=field):
+    load_hf(tmp_path / 'm')
+
+
+def test_import_refuses_unexpected_tensors(tmp_path):
+  _copy_fixture('baseline_untied', tmp_path / 'm')
+  path = tmp_path / 'm' / 'model.safetensors'
+  st = safetensors_io.SafetensorsFile(path)
+  names = list(st.entries)
+  tensors = [(n, st.shape(n), np.dtype('<f4'), lambda n=n: st.get(n)) for n in names]
+  tensors.append(('model.layers.0.self_attn.q_proj.bias', (64,), np.dtype('<f4'),
+                  lambda: np.zeros(64, np.float32)))
+  safetensors_io.write_file(str(tmp_path / 'with_bias.safetensors'), tensors)
+  os.replace(tmp_path / 'with_bias.safetensors', path)
+  with pytest.raises(HFFormatError, match='biases are not supported'):
+    load_hf(tmp_path / 'm')
+  os.remove(path)
+  with pytest.raises(HFFormatError, match='no \\*.safetensors'):
+    load_hf(tmp_path / 'm')
+
+
+EXPORT_REFUSALS = [
+    ('g2_elementwise', 'gate.position'), ('g5_elementwise', 'gate.position'),
+    ('g1_additive_silu', 'gate.mode'), ('g1_elementwise_silu', 'gate.activation'),
+    ('g1_ns_sigmoid', 'gate.activation'), ('g1_headshared', 'gate.head_shared'),
+    ('g1_input_independent', 'gate.input_dependent'), ('g1_rmsnorm', 'gate.kind'),
+    ('g1_silu_noparam', 'gate.kind'), ('baseline_sandwich_norm', 'sandwich_norm'),
+    ('baseline:moe_tiny', 'moe.num_experts'),
+]
+
+
+@pytest.mark.parametrize('variant,field', EXPORT_REFUSALS)
+def test_export_refuses_variants_without_a_hf_class(variant, field, tmp_path):
+  import importlib  # pylint: disable=g-import-not-at-top
+  name, _, scale = variant.partition(':')
+  config = importlib.import_module(f'configs.{name}').get_config(scale or 'tiny')
+  with pytest.raises(HFExportError, match=field.replace('.', r'\.')):
+    save_hf(config, {}, tmp_path / 'out')
+  assert os.listdir(tmp_path) == []
+
+
+def test_export_refuses_bad_arguments_and_writes_nothing(tmp_path):
+  config = _tiny_config('headwise')
+  params = _random_params(config)
+  nogate = _random_params(_tiny_config('none'))
+  os.makedirs(tmp_path / 'full')
+  open(tmp_path / 'full' / 'x', 'w').close()
+  cases = [((config, params, tmp_path / 'full'), {}, 'not an empty directory'),
+           ((config, params, tmp_path / 'o'), dict(dtype='float16'), 'dtype'),
+           ((config, nogate, tmp_path / 'o'), {}, 'blocks.attn.gate.kernel'),
+           ((config, params, tmp_path / 'o'), dict(tokenizer_dir=str(tmp_path)), 'tokenizer'),
+           ((config, params, tmp_path / 'o'), dict(remote_code_dir=str(tmp_path)), 'lacks')]
+  qk = _tiny_config('none')
+  qk.model.qk_norm = False
+  missing_tok = _tiny_config('none')
+  missing_tok.data.tokenizer = str(tmp_path / 'gone' / 'tokenizer.json')
+  cases += [((qk, nogate, tmp_path / 'o'), {}, 'qk_norm'),
+            ((missing_tok, nogate, tmp_path / 'o'), {}, 'data.tokenizer'),
+            ((config, {'embed': {}}, tmp_path / 'o'), {}, 'wi_gate')]
+  for args, kwargs, match in cases:
+    with pytest.raises(HFExportError, match=match):
+      save_hf(*args, **kwargs)
+  assert sorted(os.listdir(tmp_path)) == ['full'] and os.listdir(tmp_path / 'full') == ['x']
+
+
+# --------------------------------------------------------------------------------------------
+# Run directories: --mode=import / --mode=export, and what opens an imported run
+# --------------------------------------------------------------------------------------------
+
+def _doc_text(tokens_T, filler: int = 0) -> str:
+  """The text whose packed window is `tokens_T` exactly: BOS (id 96) starts every document, so
+  a document of the other T-1 tokens plus one filler fills a window of T + 1 tokens."""
+  return ' '.join(f'w{int(t)}' for t in list(tokens_T[1:]) + [filler])
+
+
+@pytest.fixture(scope='module')
+def imported(tmp_path_factory):
+  """The headwise fixture imported into a run directory, and a jsonl of its first sequence."""
+  from gated_attention.hf import rundir  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp('imported')
+  ref = np.load(os.path.join(FIXTURES, 'headwise_untied', 'reference.npz'))
+  data = root / 'docs.jsonl'
+  with open(data, 'w') as f:
+    for _ in range(64):
+      f.write(json.dumps({'text': _doc_text(ref['tokens'][0])}) + '\n')
+  summary = rundir.import_run(os.path.join(FIXTURES, 'headwise_untied'), str(root / 'run'))
+  return str(root / 'run'), str(data), ref, summary
+
+
+def test_import_writes_a_run_that_analyze_opens_with_the_reference_f_attn(imported):
+  """--mode=analyze on the imported run, on held-out windows equal to the fixture's first
+  sequence: its per-layer F-Attn is the reference model's (transformers, eager attention)."""
+  from gated_attention.analysis import analyze, runs  # pylint: disable=g-import-not-at-top
+  workdir, data, ref, summary = imported
+  assert summary['variant'] == 'g1_headwise' and summary['step'] == 0
+  assert runs.checkpoint_steps(workdir) == [0]
+  T = ref['tokens'].shape[1]
+  report = analyze.run(None, workdir, overrides={
+      'data.source': 'jsonl', 'data.path': data, 'data.seq_len': T, 'data.val_batches': 2,
+      'train.batch_size': 2})
+  assert report['variant'] == 'g1_headwise' and report['gate_score_mean'] is not None
+  want_L = ref['f_attn_per_seq'][0].mean(axis=-1)
+  np.testing.assert_allclose(report['f_attn'], want_L, atol=1e-5)
+  np.testing.assert_allclose(report['f_attn_per_head'], ref['f_attn_per_seq'][0], atol=1e-5)
+
+
+def test_imported_run_trains_from_its_weights(imported, tmp_path):
+  """--mode=train on an imported run: a warm start (the imported parameters, a fresh optimizer
+  and data iterator) that continues at step 1 and saves ordinary checkpoints."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from configs import from_run  # pylint: disable=g-import-not-at-top
+  from gated_attention import loop  # pylint: disable=g-import-not-at-top
+  from gated_attention.analysis import runs  # pylint: disable=g-import-not-at-top
+  workdir, data, _, _ = imported
+  run = str(tmp_path / 'finetune')
+  shutil.copytree(workdir, run)
+  c = from_run.get_config(run)
+  c.data.update(source='jsonl', path=data, seq_len=16, val_batches=1)
+  c.train.update(steps=2, batch_size=2, log_every=1, eval_every=2, checkpoint_every=2,
+                 warmup_steps=1)
+  before = runs.load_run(run).params
+  loop.run(c, run)
+  assert runs.checkpoint_steps(run) == [0, 2]
+  after = runs.load_run(run)
+  assert after.step == 2 and after.config.variant == 'g1_headwise'
+  moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
+                       before, after.params)
+  assert max(jax.tree.leaves(moved)) > 0       # trained from the imported weights...
+  kernel = np.asarray(before['blocks']['attn']['gate']['kernel'])
+  np.testing.assert_allclose(np.asarray(after.params['blocks']['attn']['gate']['kernel']),
+                             kernel, atol=0.05)   # ... a small step away from them
+
+
+def test_export_of_an_imported_run_gives_back_the_files(imported, tmp_path):
+  from gated_attention.hf import rundir  # pylint: disable=g-import-not-at-top
+  workdir = imported[0]
+  out = rundir.export_run(workdir, str(tmp_path / 'hf'), dtype='bfloat16')
+  assert out['format'] == 'authors_gated_qwen3_headwise' and out['step'] == 0
+  src = safetensors_io.open_checkpoint(os.path.join(FIXTURES, 'headwise_untied'))
+  got = safetensors_io.open_checkpoint(str(tmp_path / 'hf'))
+  assert sorted(got) == sorted(src)
+  for name in src:
+    np.testing.assert_array_equal(got[name].get(name), src[name].get(name))
+  assert 'tokenizer.json' in out['files']
+
+
+def test_import_refuses_a_workdir_that_holds_a_run(imported):
+  from gated_attention.checkpoint import CheckpointError  # pylint: disable=g-import-not-at-top
+  from gated_attention.hf import rundir  # pylint: disable=g-import-not-at-top
+  with pytest.raises(CheckpointError, match='already holds a run'):
+    rundir.import_run(os.path.join(FIXTURES, 'baseline_tied'), imported[0])
