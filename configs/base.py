@@ -102,7 +102,7 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
 
 def data_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
-      source='builtin',         # builtin | text | jsonl | arrayrecord | parquet | hf
+      source='builtin',         # builtin | text | jsonl | arrayrecord | parquet | hf | synthetic
       path='',                  # glob for text/jsonl/arrayrecord/parquet; dataset name for hf
       hf_config='',             # hf: dataset config name
       hf_split='train',
@@ -113,6 +113,14 @@ def data_config() -> ml_collections.ConfigDict:
       val_batches=4,            # batches in one validation pass
       shuffle_buffer=1024,
       worker_count=0,
+      task='bigram_backcopy',   # source=synthetic: bigram_backcopy | icl_bigram (see synthetic.py)
+      synthetic=ml_collections.ConfigDict(dict(  # source=synthetic; data.tokenizer is not used
+          vocab=64,             # regular tokens (ids 0..vocab-1); BOS is id vocab
+          triggers=3,           # trigger tokens among them
+          branching=8,          # successors per token in the random bigram transition matrix
+          doc_len=0,            # tokens per document, BOS included (0: seq_len + 1, one per window)
+          task_seed=0,          # draws the triggers and transition matrix (config.seed: the data)
+      )),
   ))
 
 

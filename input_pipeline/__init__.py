@@ -6,10 +6,11 @@
   state = data.train_iter.get_state()  # JSON-serialisable; .set_state(state) resumes exactly
   data.val_batches()              # data.val_batches held-out batches, the same on every call
   data.describe()                 # sizes, token counts, unigram entropy (nats/token)
+  data_tokenizer(cfg.data)        # the tokenizer alone (a synthetic task's, or data.tokenizer's)
 """
 
 from input_pipeline.errors import DataError
-from input_pipeline.pipeline import Data, build_data
+from input_pipeline.pipeline import Data, build_data, data_tokenizer
 from input_pipeline.tokenizer import Tokenizer, make_tokenizer
 
-__all__ = ['Data', 'DataError', 'Tokenizer', 'build_data', 'make_tokenizer']
+__all__ = ['Data', 'DataError', 'Tokenizer', 'build_data', 'data_tokenizer', 'make_tokenizer']

@@ -7,6 +7,11 @@ Train stream of process p of P, epoch e (repeats forever):
   inputs = window[:, :-1], targets = window[:, 1:].
 Validation: the held-out documents in index order, cycled so no batch is padded, packed into
 global batches; process p keeps rows [p*B/P, (p+1)*B/P), so every process count sees the same set.
+
+data.source='synthetic' (input_pipeline/synthetic.py) replaces the documents by an unbounded index
+space of generated ones: process p reads train documents p, p + P, p + 2P, ... of the run's seed
+(i.i.d., so neither the documents nor the windows are shuffled), and validation reads the task's
+own validation stream; grain's iterator state (the next index) checkpoints it.
 """
 
 import hashlib
@@ -17,12 +22,15 @@ import numpy as np
 
 from input_pipeline.errors import DataError
 from input_pipeline.packing import PackIterDataset
+from input_pipeline import synthetic
 from input_pipeline.shuffle import WindowShuffleIterDataset
 from input_pipeline.sources import Documents, load_documents, split_documents
 from input_pipeline.tokenizer import Tokenizer, make_tokenizer
 
 _READ = grain.ReadOptions(num_threads=4, prefetch_buffer_size=128)
 _SAMPLE_TOKENS = 1 << 21  # describe(): tokens read for the entropy and the token-count estimate
+_SYNTHETIC_SAMPLE_DOCS = 256  # describe() of a synthetic task: validation documents sampled
+_UNBOUNDED = 1 << 62  # synthetic document indices
 
 
 class _Encode:
@@ -49,8 +57,11 @@ def _derive_seed(seed: int, tag: str) -> int:
 
 
 def _packed(doc_ids: grain.MapDataset, docs, tokenizer, seq_len: int) -> grain.IterDataset:
-  ds = doc_ids.map(_Encode(docs, tokenizer)).to_iter_dataset(_READ)
-  return PackIterDataset(ds, seq_len + 1)
+  return _pack(doc_ids.map(_Encode(docs, tokenizer)), seq_len)
+
+
+def _pack(token_docs: grain.MapDataset, seq_len: int) -> grain.IterDataset:
+  return PackIterDataset(token_docs.to_iter_dataset(_READ), seq_len + 1)
 
 
 class Data:
@@ -69,8 +80,7 @@ class Data:
     if self._val is None:
       local = self._global_batch_size // self._process[1]
       rows = slice(self._process[0] * local, (self._process[0] + 1) * local)
-      ds = _packed(grain.MapDataset.source(self._val_ids).repeat(), self._docs, self.tokenizer,
-                   self._cfg.seq_len).batch(self._global_batch_size, batch_fn=_to_batch)
+      ds = self._val_windows().batch(self._global_batch_size, batch_fn=_to_batch)
       it, self._val = iter(ds), []
       for _ in range(self._cfg.val_batches):
         batch = {k: v[rows].copy() for k, v in next(it).items()}
@@ -78,6 +88,10 @@ class Data:
           v.setflags(write=False)
         self._val.append(batch)
     return list(self._val)
+
+  def _val_windows(self) -> grain.IterDataset:
+    return _packed(grain.MapDataset.source(self._val_ids).repeat(), self._docs, self.tokenizer,
+                   self._cfg.seq_len)
 
   def describe(self) -> dict:
     """Source, sizes, token-count estimates and unigram entropy (nats/token) of the train split."""
@@ -116,6 +130,67 @@ class Data:
     }
 
 
+class SyntheticData(Data):
+  """The data of a synthetic task: generated documents, no files (see synthetic.py)."""
+
+  def __init__(self, cfg, task: synthetic.SyntheticTask, train_iter: grain.DatasetIterator,
+               global_batch_size: int, process_index: int, process_count: int):
+    super().__init__(cfg, synthetic.SyntheticTokenizer(task), None, np.zeros(0, np.int64),
+                     np.zeros(0, np.int64), train_iter, global_batch_size, process_index,
+                     process_count)
+    self.task = task
+
+  def _val_windows(self) -> grain.IterDataset:
+    docs = grain.MapDataset.range(_UNBOUNDED).map(synthetic.val_stream(self.task))
+    return _pack(docs, self._cfg.seq_len)
+
+  def _describe(self) -> dict:
+    """The task, and from sampled validation documents: token frequencies and the lowest
+    reachable loss (mean entropy of the true next-token distribution; nats/token)."""
+    task, spec = self.task, self.task.spec
+    val = synthetic.val_stream(task)
+    docs = [val(i) for i in range(_SYNTHETIC_SAMPLE_DOCS)]
+    tokens_n = np.concatenate([d[1:] for d in docs])
+    p = np.bincount(tokens_n, minlength=spec.vocab) / len(tokens_n)
+    p = p[p > 0]
+    return {
+        'source': 'synthetic', 'task': spec.name, 'vocab': spec.vocab,
+        'triggers': [int(t) for t in task.triggers], 'branching': spec.branching,
+        'doc_len': spec.doc_len, 'task_seed': spec.task_seed, 'num_documents': 'unbounded',
+        'tokenizer': self.tokenizer.name, 'vocab_size': self.tokenizer.vocab_size,
+        'trigger_fraction': float(task.is_trigger_V[tokens_n].mean()),
+        'unigram_entropy': float(-(p * np.log(p)).sum()),
+        'optimal_loss': float(np.mean(np.concatenate([task.target_entropy(d) for d in docs]))),
+        'entropy_sample_tokens': int(len(tokens_n)),
+    }
+
+
+def _build_synthetic(data_cfg, global_batch_size: int, seed: int, process_index: int,
+                     process_count: int) -> SyntheticData:
+  task = synthetic.make_task(data_cfg)
+  docs = grain.MapDataset.range(_UNBOUNDED).map(synthetic.train_stream(task, seed))
+  ds = _pack(docs[process_index::process_count], data_cfg.seq_len)
+  ds = ds.batch(global_batch_size // process_count, drop_remainder=True, batch_fn=_to_batch)
+  return SyntheticData(data_cfg, task, iter(_prefetch(ds, data_cfg)), global_batch_size,
+                       process_index, process_count)
+
+
+def _prefetch(ds: grain.IterDataset, data_cfg) -> grain.IterDataset:
+  """`data.worker_count` worker processes, if any."""
+  if data_cfg.worker_count > 0:
+    if not flags.FLAGS.is_parsed():  # grain's workers read absl flags (notebooks, tests)
+      flags.FLAGS.mark_as_parsed()
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=data_cfg.worker_count))
+  return ds
+
+
+def data_tokenizer(data_cfg) -> Tokenizer:
+  """The tokenizer of a data config: the synthetic task's, or the one `data.tokenizer` names."""
+  if data_cfg.get('source') == 'synthetic':
+    return synthetic.SyntheticTokenizer(synthetic.make_task(data_cfg))
+  return make_tokenizer(data_cfg.tokenizer)
+
+
 def build_data(data_cfg, *, global_batch_size: int, seed: int, process_index: int = 0,
                process_count: int = 1) -> Data:
   """Reads, splits and checks the data of `data_cfg` (configs/base.py `c.data`).
@@ -131,6 +206,8 @@ def build_data(data_cfg, *, global_batch_size: int, seed: int, process_index: in
   if data_cfg.seq_len < 1 or data_cfg.val_batches < 0 or data_cfg.shuffle_buffer < 0:
     raise DataError('data.seq_len must be >= 1, data.val_batches and data.shuffle_buffer >= 0 '
                     f'(got {data_cfg.seq_len}, {data_cfg.val_batches}, {data_cfg.shuffle_buffer}).')
+  if data_cfg.source == 'synthetic':
+    return _build_synthetic(data_cfg, global_batch_size, seed, process_index, process_count)
   tokenizer = make_tokenizer(data_cfg.tokenizer)
   docs = load_documents(data_cfg)
   train_ids, val_ids = split_documents(len(docs), data_cfg.val_fraction)
@@ -145,9 +222,5 @@ def build_data(data_cfg, *, global_batch_size: int, seed: int, process_index: in
         ds, window_size=data_cfg.shuffle_buffer,
         seed=_derive_seed(seed, f'windows/{process_index}'))
   ds = ds.batch(global_batch_size // process_count, drop_remainder=True, batch_fn=_to_batch)
-  if data_cfg.worker_count > 0:
-    if not flags.FLAGS.is_parsed():  # grain's workers read absl flags (notebooks, tests)
-      flags.FLAGS.mark_as_parsed()
-    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=data_cfg.worker_count))
-  return Data(data_cfg, tokenizer, docs, train_ids, val_ids, iter(ds),
+  return Data(data_cfg, tokenizer, docs, train_ids, val_ids, iter(_prefetch(ds, data_cfg)),
               global_batch_size, process_index, process_count)

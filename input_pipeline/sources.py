@@ -3,6 +3,7 @@
 Each source is a `Documents`: `len(docs)`, `docs[i] -> str`, `docs.name` (for messages),
 `docs.info` (sizes for describe()) and `docs.sizes` (bytes per document, or None).
 `load_documents(data_cfg)` builds the one named by `data.source`; nothing is tokenized here.
+`synthetic` has no documents to load: pipeline.build_data generates them (synthetic.py).
 """
 
 import glob
@@ -15,7 +16,7 @@ import numpy as np
 
 from input_pipeline.errors import DataError
 
-SOURCES = ('builtin', 'text', 'jsonl', 'parquet', 'arrayrecord', 'hf')
+SOURCES = ('builtin', 'text', 'jsonl', 'parquet', 'arrayrecord', 'hf', 'synthetic')
 _NUM_CHECKED = 32  # documents read at build time so that bad data fails before training
 
 
@@ -264,6 +265,9 @@ def load_documents(cfg) -> Documents:
       raise DataError("data.source='hf' needs data.path; set --config.data.path to a Hugging Face "
                       'dataset name (and data.hf_config / data.hf_split).')
     docs = HFDocs(cfg)
+  elif cfg.source == 'synthetic':
+    raise DataError("data.source='synthetic' generates its documents: use "
+                    'input_pipeline.build_data, not load_documents.')
   else:
     raise DataError(f'Unknown data.source={cfg.source!r}; set --config.data.source to one of '
                     f'{", ".join(SOURCES)}.')

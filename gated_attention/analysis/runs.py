@@ -167,7 +167,7 @@ class Run:
 
 def _tokenizer(config):
   import input_pipeline  # pylint: disable=g-import-not-at-top
-  return input_pipeline.make_tokenizer(config.data.tokenizer)
+  return input_pipeline.data_tokenizer(config.data)
 
 
 def load_run(workdir: str, step: int | None = None) -> Run:

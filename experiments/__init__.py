@@ -1,0 +1,1 @@
+"""Experiments: files that list runs (variant x seed x overrides), and the runner (run.py)."""

@@ -1,0 +1,250 @@
+"""Runs an experiment file: trains every run, analyses it, writes the table and the figures.
+
+  python -m experiments.run experiments/sink_synthetic.py             # all runs, one at a time
+  python -m experiments.run experiments/sink_synthetic.py --jobs 2    # two side by side
+  python -m experiments.run experiments/sink_synthetic.py --results docs/results.md
+  python -m experiments.run experiments/sink_synthetic.py --print-commands   # one line per run
+  python -m experiments.run experiments/sink_synthetic.py --report-only      # table of what is done
+
+Each run trains with `python main.py --config=configs/<variant>.py:<scale> --workdir=<out>/runs/
+<run> --config.seed=S --config.<key>=<value> ...`, then `main.py --mode=analyze` on it; logs go to
+<run>/train.log and <run>/analyze.log, the status, commands and wall times to <run>/runner.json.
+A run whose runner.json says done (with the same command) is skipped, so running the experiment
+again resumes it; a half-trained run resumes from its latest checkpoint. The output directory
+(default experiments/out/<name>/) gets results.md (the table: mean ± std over seeds),
+summary.json and the figures f_attn_layers.png, m_act_layers.png, loss_curves.png.
+`--results FILE` also writes the experiment's section into FILE (the command, the git commit,
+the wall time, the table, the figures copied to docs/figures/<name>/).
+
+With SLURM (or any scheduler with job arrays), one array task per run:
+
+  python -m experiments.run experiments/sink_synthetic.py --print-commands > runs.txt
+  sbatch --array=1-$(wc -l < runs.txt) --cpus-per-task=2 --time=00:30:00 \\
+      --wrap 'eval "$(sed -n ${SLURM_ARRAY_TASK_ID}p runs.txt)"'
+  # when all have finished (the same --out, on a shared filesystem):
+  python -m experiments.run experiments/sink_synthetic.py --report-only --results docs/results.md
+
+Each printed line is `python -m experiments.run EXPERIMENT --out OUT --only RUN` (it trains,
+analyses and records the wall time of that run, and skips it if done); `--print-commands=main`
+prints the bare `main.py` train && analyze commands instead.
+"""
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+from experiments import report, spec
+
+_PRINT_LOCK = threading.Lock()
+
+
+def parse_args(argv):
+  p = argparse.ArgumentParser(prog='python -m experiments.run',
+                              description='Train, analyse and tabulate the runs of an experiment.')
+  p.add_argument('experiment', help='an experiment file, e.g. experiments/sink_synthetic.py')
+  p.add_argument('--out', help='output directory (default: experiments/out/<name>)')
+  p.add_argument('--jobs', type=int, default=1, help='runs trained side by side (default 1)')
+  p.add_argument('--only', default='', help='comma-separated run names: run only these')
+  p.add_argument('--print-commands', nargs='?', const='runner', choices=('runner', 'main'),
+                 help='print one shell command per run (see the module docstring) and exit')
+  p.add_argument('--python', default='python', help='the interpreter in printed commands')
+  p.add_argument('--report-only', action='store_true', help='train nothing; tabulate what is done')
+  p.add_argument('--results', help='also write this experiment\'s section into this markdown file')
+  args = p.parse_args(argv)
+  if args.jobs < 1:
+    p.error('--jobs must be at least 1')
+  return args
+
+
+def _workdir(out: str, run) -> str:
+  return os.path.join(out, 'runs', run.name)
+
+
+def _read_runner(workdir: str) -> dict:
+  path = os.path.join(workdir, report.RUNNER_FILE)
+  if not os.path.isfile(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def _write_runner(workdir: str, state: dict):
+  path = os.path.join(workdir, report.RUNNER_FILE)
+  with open(path + '.tmp', 'w') as f:
+    json.dump(state, f, indent=1)
+  os.replace(path + '.tmp', path)
+
+
+def _log(message: str):
+  with _PRINT_LOCK:
+    print(message, flush=True)
+
+
+def _call(args: list[str], log_path: str) -> tuple[int, float]:
+  """Runs `python args...` in the repository root, output to log_path; (exit code, seconds)."""
+  env = dict(os.environ, PYTHONUNBUFFERED='1')
+  t0 = time.time()
+  with open(log_path, 'a') as log:
+    log.write(f'\n$ {spec.shell(args)}\n')
+    log.flush()
+    rc = subprocess.call([sys.executable] + args, cwd=spec.REPO, stdout=log,
+                         stderr=subprocess.STDOUT, env=env)
+  return rc, time.time() - t0
+
+
+def _failure(log_path: str, rc: int) -> str:
+  with open(log_path) as f:
+    text = f.read()
+  stopped = 'Training stopped at step' in text or 'training diverged' in text
+  return 'diverged' if stopped else f'failed (exit {rc})'
+
+
+def _trained(workdir: str) -> bool:
+  from gated_attention.analysis import runs as runs_lib  # pylint: disable=g-import-not-at-top
+  try:
+    steps = runs_lib.read_config(workdir).train.steps
+  except ValueError:
+    return False
+  return (runs_lib.latest_step(workdir) or 0) >= steps
+
+
+def execute(experiment, run, out: str) -> dict:
+  """Trains (or resumes) and analyses one run unless runner.json says it is done."""
+  workdir = _workdir(out, run)
+  train_args = run.train_args(experiment.scale, workdir)
+  analyze_args = experiment.analyze_args(workdir)
+  state = _read_runner(workdir)
+  if (state.get('status') in ('done', 'diverged')
+      and state.get('command') == spec.shell(train_args, 'python')):
+    return state  # finished (a diverged run diverges again: rerun it by deleting runner.json)
+  os.makedirs(workdir, exist_ok=True)
+  state = {'run': run.name, 'group': run.group, 'variant': run.variant, 'seed': run.seed,
+           'command': spec.shell(train_args, 'python'),
+           'analyze_command': spec.shell(analyze_args, 'python'),
+           'train_seconds': state.get('train_seconds', 0.0), 'attempts': state.get('attempts', 0),
+           'status': 'training', 'git_commit': git_commit()}
+  _write_runner(workdir, state)
+  if not _trained(workdir):
+    rc, seconds = _call(train_args, os.path.join(workdir, 'train.log'))
+    state.update(train_seconds=state['train_seconds'] + seconds, attempts=state['attempts'] + 1)
+    if rc or not _trained(workdir):
+      state['status'] = _failure(os.path.join(workdir, 'train.log'), rc) if rc else 'interrupted'
+      _write_runner(workdir, state)
+      return state
+  rc, seconds = _call(analyze_args, os.path.join(workdir, 'analyze.log'))
+  state.update(analyze_seconds=seconds, finished=_now(),
+               status='done' if rc == 0 else f'analysis failed (exit {rc})')
+  _write_runner(workdir, state)
+  return state
+
+
+def _now() -> str:
+  return datetime.datetime.now().isoformat(timespec='seconds')
+
+
+def git_commit() -> str:
+  """The checkout's commit, marked when the working tree has uncommitted changes."""
+  def git(*a):
+    return subprocess.run(['git', *a], cwd=spec.REPO, capture_output=True, text=True).stdout
+  commit = git('rev-parse', '--short', 'HEAD').strip() or 'unknown'
+  return commit + (' (with uncommitted changes)' if git('status', '--porcelain').strip() else '')
+
+
+def print_commands(experiment, runs, out: str, args):
+  for run in runs:
+    if args.print_commands == 'main':
+      workdir = _workdir(out, run)
+      line = (spec.shell(run.train_args(experiment.scale, workdir), args.python) + ' && '
+              + spec.shell(experiment.analyze_args(workdir), args.python))
+    else:
+      line = spec.shell(['-m', 'experiments.run', experiment.path, '--out', out, '--only',
+                         run.name], args.python)
+    print(f'cd {spec.REPO} && {line}')
+
+
+def run_all(experiment, runs, out: str, jobs: int) -> list[dict]:
+  """Executes `runs` with `jobs` side by side; prints one line per finished run."""
+  done = [0]
+
+  def one(run):
+    t0 = time.time()
+    state = execute(experiment, run, out)
+    done[0] += 1
+    _log(f'[{done[0]}/{len(runs)}] {run.name}: {state["status"]} ({(time.time() - t0) / 60:.1f} '
+         f'min now, {state.get("train_seconds", 0) / 60:.1f} min training in all)')
+    return state
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    return list(pool.map(one, runs))
+
+
+def _header(experiment, results, wall_seconds: float) -> str:
+  train = sum(r.runner.get('train_seconds', 0) + r.runner.get('analyze_seconds', 0)
+              for r in results)
+  path = os.path.abspath(experiment.path)
+  if path.startswith(spec.REPO + os.sep):
+    path = os.path.relpath(path, spec.REPO)
+  command = spec.shell(['-m', 'experiments.run', path], 'python')
+  return (f'## {experiment.title}\n\n{experiment.description}\n\n'
+          f'Command: `{command}` (scale `{experiment.scale}`, {len(experiment.runs)} runs)  \n'
+          f'Commit: `{git_commit()}`, {_now()}  \n'
+          f'Wall time: {train / 60:.1f} min of training and analysis summed over runs; '
+          f'this invocation {wall_seconds / 60:.1f} min.').replace('\n\n\n', '\n\n')
+
+
+def _publish(experiment, out: str, results_path: str, body: str):
+  """Copies the figures next to results_path (figures/<name>/) and writes the section."""
+  fig_dir = os.path.join(os.path.dirname(os.path.abspath(results_path)), 'figures',
+                         experiment.name)
+  os.makedirs(fig_dir, exist_ok=True)
+  links = []
+  for name in report.FIGURES:
+    shutil.copyfile(os.path.join(out, name), os.path.join(fig_dir, name))
+    links.append(f'![{name}](figures/{experiment.name}/{name})')
+  report.update_section(results_path, experiment.name, body + '\n' + '\n'.join(links) + '\n')
+
+
+def main(argv=None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  t0 = time.time()
+  try:
+    experiment = spec.load(args.experiment, report.METRICS)
+  except spec.ExperimentError as e:
+    print(f'Error: {e}', file=sys.stderr)
+    return 2
+  out = os.path.abspath(args.out or os.path.join(spec.REPO, 'experiments', 'out', experiment.name))
+  runs = experiment.runs
+  if args.only:
+    names = set(args.only.split(','))
+    unknown = names - {r.name for r in runs}
+    if unknown:
+      print(f'Error: no runs named {sorted(unknown)}; the runs are '
+            f'{", ".join(r.name for r in runs)}.', file=sys.stderr)
+      return 2
+    runs = [r for r in runs if r.name in names]
+  if args.print_commands:
+    print_commands(experiment, runs, out, args)
+    return 0
+  states = [] if args.report_only else run_all(experiment, runs, out, args.jobs)
+  if args.only:  # one task of an array: the report is made once all have finished
+    return 0 if all(s['status'] in ('done', 'diverged') for s in states) else 1
+  results = [report.read(r, _workdir(out, r)) for r in experiment.runs]
+  body = report.write(experiment, results, out, _header(experiment, results, time.time() - t0))
+  print(body)
+  print(f'Table and figures in {out}')
+  if args.results:
+    _publish(experiment, out, args.results, body)
+    print(f'Section {experiment.name!r} written into {args.results}')
+  failed = [s for s in states if s['status'] not in ('done', 'diverged')]
+  return 1 if failed else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,125 @@
+"""Experiment files: what they hold, how they expand into runs, and each run's commands.
+
+An experiment is a Python file under experiments/ with these module-level names:
+
+  VARIANTS = ['baseline', 'g1_elementwise']   # config files configs/<variant>.py (required)
+  SEEDS = [0, 1, 2]                           # --config.seed of each run (default [0])
+  SCALE = 'tiny'                              # the config-string argument (default 'tiny')
+  OVERRIDES = {'train.steps': 600}            # --config.<key>=<value> for every run
+  GRID = {'train.learning_rate': [1e-3, 3e-3]}  # optional: one group per combination
+  VARIANT_OVERRIDES = {'g1_elementwise': {...}}  # optional: extra overrides of one variant
+  ANALYZE_OVERRIDES = {'data.val_batches': 8}    # optional: --config.X of --mode=analyze
+  COLUMNS = ['val_loss', 'f_attn_mean', ...]     # table columns (experiments/report.py METRICS)
+  TITLE = '...'; DESCRIPTION = '...'             # optional: the heading and text in results.md
+
+Runs are VARIANTS x GRID combinations x SEEDS; a group is one (variant, grid point), and the
+table reports each column's mean ± std over the group's seeds.
+"""
+
+import dataclasses
+import importlib.util
+import itertools
+import os
+import shlex
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_COLUMNS = ('val_loss', 'f_attn_mean', 'f_attn_max', 'm_act_mean', 'gate_score_mean',
+                   'train_minutes')
+
+
+class ExperimentError(ValueError):
+  """An experiment file that cannot be run; the message names the file and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run: `name` is its directory under <out>/runs/."""
+  name: str
+  group: str
+  variant: str
+  seed: int
+  overrides: tuple[tuple[str, object], ...]
+
+  def train_args(self, scale: str, workdir: str) -> list[str]:
+    """main.py's arguments that train this run in `workdir` (resuming if it has checkpoints)."""
+    return ['main.py', f'--config=configs/{self.variant}.py:{scale}', f'--workdir={workdir}',
+            f'--config.seed={self.seed}'] + [f'--config.{k}={_flag(v)}' for k, v in self.overrides]
+
+
+@dataclasses.dataclass
+class Experiment:
+  name: str
+  path: str
+  title: str
+  description: str
+  scale: str
+  runs: list[Run]
+  columns: list[str]
+  analyze_overrides: dict
+
+  def analyze_args(self, workdir: str) -> list[str]:
+    return ['main.py', '--mode=analyze', f'--workdir={workdir}'] + [
+        f'--config.{k}={_flag(v)}' for k, v in self.analyze_overrides.items()]
+
+  def groups(self) -> list[str]:
+    return list(dict.fromkeys(r.group for r in self.runs))
+
+
+def _flag(value) -> str:
+  return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _label(key: str, value) -> str:
+  return f'{key.rsplit(".", 1)[-1]}={_flag(value)}'
+
+
+def _module(path: str):
+  if not os.path.isfile(path):
+    raise ExperimentError(f'{path!r} does not exist; pass an experiment file such as '
+                          'experiments/sink_synthetic.py.')
+  spec = importlib.util.spec_from_file_location(f'_experiment_{abs(hash(path))}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _check(path: str, variants, seeds, columns, known_columns):
+  if not variants:
+    raise ExperimentError(f'{path}: VARIANTS must list at least one config name.')
+  for v in variants:
+    if not os.path.isfile(os.path.join(REPO, 'configs', f'{v}.py')):
+      raise ExperimentError(f'{path}: VARIANTS names {v!r}, but configs/{v}.py does not exist.')
+  if not seeds or len(set(seeds)) != len(seeds):
+    raise ExperimentError(f'{path}: SEEDS must be a non-empty list of distinct integers.')
+  unknown = [c for c in columns if c not in known_columns]
+  if unknown:
+    raise ExperimentError(f'{path}: unknown COLUMNS {unknown}; known: {", ".join(known_columns)}.')
+
+
+def load(path: str, known_columns) -> Experiment:
+  """Reads and checks an experiment file; `known_columns` are the metric names of the table."""
+  m = _module(path)
+  variants, seeds = list(getattr(m, 'VARIANTS', [])), [int(s) for s in getattr(m, 'SEEDS', [0])]
+  columns = list(getattr(m, 'COLUMNS', DEFAULT_COLUMNS))
+  _check(path, variants, seeds, columns, known_columns)
+  common, grid = dict(getattr(m, 'OVERRIDES', {})), dict(getattr(m, 'GRID', {}))
+  per_variant = dict(getattr(m, 'VARIANT_OVERRIDES', {}))
+  runs = []
+  for variant in variants:
+    for point in itertools.product(*[[(k, v) for v in vs] for k, vs in grid.items()]):
+      group = '_'.join([variant] + [_label(k, v) for k, v in point])
+      overrides = {**common, **per_variant.get(variant, {}), **dict(point)}
+      for seed in seeds:
+        runs.append(Run(f'{group}_s{seed}', group, variant, seed, tuple(overrides.items())))
+  name = getattr(m, 'NAME', os.path.splitext(os.path.basename(path))[0])
+  doc = (m.__doc__ or '').strip()
+  return Experiment(name=name, path=path, title=getattr(m, 'TITLE', doc.split('\n')[0] or name),
+                    description=getattr(m, 'DESCRIPTION', '\n'.join(doc.split('\n')[1:]).strip()),
+                    scale=getattr(m, 'SCALE', 'tiny'), runs=runs, columns=columns,
+                    analyze_overrides=dict(getattr(m, 'ANALYZE_OVERRIDES', {})))
+
+
+def shell(args: list[str], python: str = '') -> str:
+  """One shell line running `args` with `python` (default: this interpreter)."""
+  return shlex.join([python or sys.executable] + list(args))

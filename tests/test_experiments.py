@@ -1,0 +1,128 @@
+"""The experiment runner (experiments/run.py) end to end on a two-run, ten-step experiment."""
+
+import json
+import os
+import shlex
+import textwrap
+
+import pytest
+
+from experiments import report, run, spec
+
+EXPERIMENT = textwrap.dedent('''\
+    """Tiny runner check
+
+    Two ten-step runs of a one-layer model on the Bigram-Backcopy task.
+    """
+    VARIANTS = ['baseline', 'g1_elementwise']
+    SEEDS = [0]
+    OVERRIDES = {
+        'data.source': 'synthetic', 'data.seq_len': 32, 'data.val_batches': 1,
+        'data.synthetic.vocab': 16, 'model.num_layers': 1, 'model.hidden_size': 32,
+        'model.num_heads': 2, 'model.num_kv_heads': 1, 'model.head_dim': 16,
+        'model.ffn_size': 64, 'train.steps': 10, 'train.batch_size': 4, 'train.warmup_steps': 2,
+        'train.log_every': 5, 'train.eval_every': 10, 'train.checkpoint_every': 10,
+    }
+    COLUMNS = ['val_loss', 'f_attn_mean', 'f_attn_layers', 'm_act_mean', 'gate_score_mean',
+               'train_minutes']
+    ''')
+
+
+@pytest.fixture(scope='module')
+def finished(tmp_path_factory):
+  """(experiment file, output dir, results.md) after one full invocation of the runner."""
+  root = tmp_path_factory.mktemp('experiment')
+  path, out, results = root / 'tiny.py', root / 'out', root / 'docs' / 'results.md'
+  path.write_text(EXPERIMENT)
+  results.parent.mkdir()
+  results.write_text('# Results\n\nKept text.\n')
+  rc = run.main([str(path), '--out', str(out), '--jobs', '2', '--results', str(results)])
+  assert rc == 0
+  return path, out, results
+
+
+def _table_rows(text):
+  return [line for line in text.splitlines() if line.startswith('| ')]
+
+
+def test_table_figures_and_records(finished):
+  _, out, results = finished
+  for name in report.FIGURES + ('results.md', 'summary.json'):
+    assert (out / name).stat().st_size > 0
+  rows = _table_rows((out / 'results.md').read_text())
+  assert rows[0].startswith('| run | seeds done | val loss | F-Attn |')
+  assert rows[1].startswith('| baseline | 1/1 |') and rows[2].startswith('| g1_elementwise | 1/1 |')
+  assert rows[1].split(' | ')[6] == '-' and float(rows[2].split(' | ')[6]) > 0  # gate score
+  assert len(rows[1].split(' | ')[4].split(' / ')) == 1  # F-Attn per layer: one layer
+  summary = json.loads((out / 'summary.json').read_text())
+  loss = summary['baseline']['val_loss']
+  assert loss['values'][0] == pytest.approx(loss['mean'])
+  assert 1.0 < loss['mean'] < 5.95  # below ln 384, the loss of the untrained model
+  state = json.loads((out / 'runs' / 'baseline_s0' / 'runner.json').read_text())
+  assert state['status'] == 'done' and state['train_seconds'] > 0 and state['attempts'] == 1
+  assert '--config.train.steps=10' in state['command']
+  text = results.read_text()
+  assert text.startswith('# Results\n\nKept text.\n')
+  assert text.count('<!-- experiment:tiny -->') == 1
+  assert '## Tiny runner check' in text and 'Commit: `' in text and '| baseline | 1/1 |' in text
+  for name in report.FIGURES:
+    assert (results.parent / 'figures' / 'tiny' / name).is_file()
+
+
+def test_finished_runs_are_skipped_and_interrupted_ones_resume(finished):
+  path, out, results = finished
+  train_log = out / 'runs' / 'baseline_s0' / 'train.log'
+  size = train_log.stat().st_size
+  # g1's analysis never finished: the rerun analyses it again without training it again.
+  g1 = out / 'runs' / 'g1_elementwise_s0'
+  state = json.loads((g1 / 'runner.json').read_text())
+  (g1 / 'runner.json').write_text(json.dumps(dict(state, status='training')))
+  (g1 / 'analysis' / 'report.json').unlink()
+  g1_log = (g1 / 'train.log').stat().st_size
+  assert run.main([str(path), '--out', str(out), '--results', str(results)]) == 0
+  assert train_log.stat().st_size == size and (g1 / 'train.log').stat().st_size == g1_log
+  assert json.loads((g1 / 'runner.json').read_text())['status'] == 'done'
+  assert (g1 / 'analysis' / 'report.json').is_file()
+  assert results.read_text().count('<!-- experiment:tiny -->') == 1  # replaced, not appended
+
+
+def test_print_commands(finished, capsys):
+  path, out, _ = finished
+  assert run.main([str(path), '--out', str(out), '--print-commands']) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 2 and all(line.startswith(f'cd {spec.REPO} && python -m experiments.run')
+                                 for line in lines)
+  assert shlex.split(lines[1])[-2:] == ['--only', 'g1_elementwise_s0']
+  assert run.main([str(path), '--out', str(out), '--print-commands=main', '--python=python3',
+                   '--only=baseline_s0']) == 0
+  (line,) = capsys.readouterr().out.splitlines()
+  train, analyze = line.split(' && ')[1:]
+  assert train.startswith('python3 main.py --config=configs/baseline.py:tiny --workdir=')
+  assert '--config.seed=0' in train and '--config.data.source=synthetic' in train
+  assert analyze.startswith('python3 main.py --mode=analyze --workdir=')
+
+
+def test_bad_experiment_files(tmp_path, capsys):
+  bad = tmp_path / 'bad.py'
+  bad.write_text("VARIANTS = ['nope']\n")
+  assert run.main([str(bad)]) == 2
+  assert 'configs/nope.py does not exist' in capsys.readouterr().err
+  bad.write_text("VARIANTS = ['baseline']\nCOLUMNS = ['loss!']\n")
+  assert run.main([str(bad)]) == 2
+  assert "unknown COLUMNS ['loss!']" in capsys.readouterr().err
+  ok = tmp_path / 'ok.py'
+  ok.write_text("VARIANTS = ['baseline']\nSEEDS = [0, 1]\n"
+                "GRID = {'train.learning_rate': [1e-3, 3e-3]}\n")
+  exp = spec.load(str(ok), report.METRICS)
+  assert [r.name for r in exp.runs][:2] == ['baseline_learning_rate=0.001_s0',
+                                           'baseline_learning_rate=0.001_s1']
+  assert exp.groups() == ['baseline_learning_rate=0.001', 'baseline_learning_rate=0.003']
+  assert run.main([str(ok), '--only', 'nope_s0']) == 2
+  assert 'no runs named' in capsys.readouterr().err
+
+
+def test_mean_and_std_cells():
+  assert report._cell([1.0, 2.0, 3.0], '.2f') == '2.00 ± 1.00'
+  assert report._cell([0.5, None], '.1f') == '0.5'
+  assert report._cell([[0.1, 0.9], [0.3, 0.7]], '.1f') == '0.2 / 0.8'
+  assert report._cell([None], '.1f') == '-'

@@ -1,0 +1,195 @@
+"""Tests of the synthetic tasks (input_pipeline/synthetic.py) and their data pipeline."""
+
+import json
+
+import numpy as np
+import pytest
+
+from configs import base
+from input_pipeline import DataError, build_data, data_tokenizer, synthetic
+
+
+def synth_cfg(task='bigram_backcopy', seq_len=32, **synthetic_overrides):
+  cfg = base.get_config().data
+  cfg.update(source='synthetic', task=task, seq_len=seq_len, val_batches=2)
+  cfg.synthetic.update(synthetic_overrides)
+  return cfg
+
+
+def take(it, n):
+  return [next(it) for _ in range(n)]
+
+
+def rows(batches):
+  """The packed windows [seq_len + 1] of batches, in row order."""
+  return [np.concatenate([b['inputs'][r], b['targets'][r, -1:]])
+          for b in batches for r in range(len(b['inputs']))]
+
+
+def assert_batches_equal(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k])
+
+
+def test_documents_are_deterministic_and_bos_first():
+  cfg = synth_cfg()
+  task = synthetic.make_task(cfg)
+  again = synthetic.make_task(cfg)
+  np.testing.assert_array_equal(task.transition_VxV, again.transition_VxV)
+  np.testing.assert_array_equal(task.triggers, again.triggers)
+  other = synthetic.make_task(synth_cfg(task_seed=1))
+  assert not np.array_equal(task.transition_VxV, other.transition_VxV)
+  stream = synthetic.train_stream(task, seed=0)
+  doc = stream(7)
+  assert doc.dtype == np.int32 and doc.shape == (33,) and doc[0] == 64
+  assert (doc[1:] < 64).all() and not task.is_trigger_V[doc[1]]
+  np.testing.assert_array_equal(doc, synthetic.train_stream(again, seed=0)(7))
+  assert not np.array_equal(doc, synthetic.train_stream(task, seed=1)(7))
+  assert not np.array_equal(doc, stream(8))
+  a = build_data(cfg, global_batch_size=4, seed=5)
+  b = build_data(cfg, global_batch_size=4, seed=5)
+  assert_batches_equal(take(a.train_iter, 3), take(b.train_iter, 3))
+  for w in rows(take(a.train_iter, 3)):  # doc_len = seq_len + 1: one document per window
+    assert w[0] == 64 and (w[1:] != 64).all()
+
+
+def test_transition_matrix_rows():
+  task = synthetic.make_task(synth_cfg(vocab=20, triggers=2, branching=5))
+  rows_V = task.transition_VxV
+  np.testing.assert_allclose(rows_V[task.plain].sum(axis=1), 1.0)
+  assert ((rows_V[task.plain] > 0).sum(axis=1) == 5).all()
+  assert not rows_V[task.triggers].any()
+
+
+def test_backcopy_statistics():
+  """After a trigger the next token is the one before it; elsewhere transitions follow the
+  matrix (each row's counts against its probabilities, a chi-square bound)."""
+  task = synthetic.make_task(synth_cfg(vocab=16, triggers=2, branching=4, doc_len=257))
+  docs = np.stack([synthetic.train_stream(task, seed=3)(i) for i in range(300)])[:, 1:]
+  trig = task.is_trigger_V[docs[:, :-1]]
+  assert trig.mean() > 0.02
+  assert not (trig[:, 1:] & trig[:, :-1]).any()  # never two triggers in a row
+  np.testing.assert_array_equal(docs[:, 2:][trig[:, 1:]], docs[:, :-2][trig[:, 1:]])
+  assert not trig[:, 0].any()
+  prev, nxt = docs[:, :-1][~trig], docs[:, 1:][~trig]
+  counts = np.zeros((16, 16))
+  np.add.at(counts, (prev, nxt), 1)
+  for a in task.plain:
+    n, p = counts[a].sum(), task.transition_VxV[a]
+    assert n > 200
+    assert not counts[a][p == 0].any()
+    expected = n * p[p > 0]
+    chi2 = ((counts[a][p > 0] - expected) ** 2 / expected).sum()
+    assert chi2 < 25  # 3 degrees of freedom: P(chi2 > 25) < 2e-5
+
+
+def test_icl_bigram_statistics():
+  task = synthetic.make_task(synth_cfg('icl_bigram', vocab=16, triggers=2, branching=4,
+                                       doc_len=257))
+  docs = np.stack([synthetic.train_stream(task, seed=0)(i) for i in range(100)])[:, 1:]
+  outputs = set()
+  for doc in docs:
+    for q in task.triggers:
+      after = doc[1:][doc[:-1] == q]
+      assert len(set(after.tolist())) <= 1  # the same output at every occurrence
+      outputs.update(after.tolist())
+  assert len(outputs) > 4 and not task.is_trigger_V[list(outputs)].any()
+  h = task.target_entropy(np.concatenate([[16], docs[0]]))
+  assert h.shape == (256,) and (h >= 0).all()
+
+
+def test_backcopy_reaches_its_floor_only_with_the_copy():
+  """The lowest loss (describe's optimal_loss) is below the bigram-only loss."""
+  data = build_data(synth_cfg(seq_len=64), global_batch_size=4, seed=0)
+  d = json.loads(json.dumps(data.describe()))
+  assert d['source'] == 'synthetic' and d['vocab_size'] == 65 and len(d['triggers']) == 3
+  assert 0.02 < d['trigger_fraction'] < 0.2
+  assert 0 < d['optimal_loss'] < d['unigram_entropy'] < np.log(64)
+
+
+def test_tokenizer_round_trip_marks_triggers():
+  cfg = synth_cfg()
+  tok = data_tokenizer(cfg)
+  task = synthetic.make_task(cfg)
+  assert tok.vocab_size == 65 and tok.bos_id == 64 and 'bigram_backcopy' in tok.name
+  t = int(task.triggers[0])
+  ids = [1, t, 1, 63]
+  text = tok.decode([64] + ids)
+  assert text.split()[1] == f'*{t}' and text.split()[0] == '1'
+  assert tok.encode(text) == ids
+  np.testing.assert_array_equal(tok.encode_doc(text), [64] + ids)
+  with pytest.raises(DataError, match='cannot encode'):
+    tok.encode('1 64')
+
+
+def test_process_shards_are_disjoint_and_cover():
+  cfg = synth_cfg(seq_len=16)
+  whole = rows(take(build_data(cfg, global_batch_size=6, seed=2).train_iter, 4))
+  per_process = []
+  for p in range(3):
+    data = build_data(cfg, global_batch_size=6, seed=2, process_index=p, process_count=3)
+    batches = take(data.train_iter, 4)
+    assert all(b['inputs'].shape == (2, 16) for b in batches)
+    per_process.append({w.tobytes() for w in rows(batches)})
+  assert sum(map(len, per_process)) == 24 == len(set().union(*per_process))
+  # Together the processes read documents 0..23, exactly what one process reads.
+  assert set().union(*per_process) == {w.tobytes() for w in whole}
+
+
+@pytest.mark.parametrize('task', synthetic.TASKS)
+def test_resume_from_state(task):
+  cfg = synth_cfg(task, doc_len=20)  # documents span windows: the packer's offset is restored
+  data = build_data(cfg, global_batch_size=4, seed=1)
+  take(data.train_iter, 3)
+  state = json.loads(json.dumps(data.train_iter.get_state()))
+  expected = take(data.train_iter, 5)
+  restored = build_data(cfg, global_batch_size=4, seed=1)
+  restored.train_iter.set_state(state)
+  assert_batches_equal(expected, take(restored.train_iter, 5))
+
+
+def test_validation_is_fixed_and_disjoint_from_training():
+  cfg = synth_cfg()
+  a = build_data(cfg, global_batch_size=8, seed=0)
+  b = build_data(cfg, global_batch_size=8, seed=1)
+  assert_batches_equal(a.val_batches(), b.val_batches())  # the same for every run seed
+  val = {w.tobytes() for w in rows(a.val_batches())}
+  assert len(val) == 16
+  train = {w.tobytes() for d in (a, b) for w in rows(take(d.train_iter, 50))}
+  assert not val & train
+  halves = [build_data(cfg, global_batch_size=8, seed=0, process_index=p, process_count=2)
+            for p in range(2)]
+  joined = [np.concatenate([h.val_batches()[i]['inputs'] for h in halves]) for i in range(2)]
+  for x, y in zip(joined, a.val_batches()):
+    np.testing.assert_array_equal(x, y['inputs'])
+
+
+def test_worker_processes_give_the_same_batches():
+  cfg = synth_cfg()
+  expected = take(build_data(cfg, global_batch_size=4, seed=0).train_iter, 3)
+  cfg.worker_count = 1
+  data = build_data(cfg, global_batch_size=4, seed=0)
+  assert_batches_equal(expected, take(data.train_iter, 3))
+  data.train_iter.close()
+
+
+@pytest.mark.parametrize('overrides, match', [
+    (dict(task='nope'), r"Unknown data.task='nope'.*bigram_backcopy, icl_bigram"),
+    (dict(vocab=2), r'data.synthetic.vocab=2 is too small'),
+    (dict(triggers=0), r'data.synthetic.triggers=0 must be in \[1, vocab - 2 = 62\]'),
+    (dict(triggers=63), r'data.synthetic.triggers=63'),
+    (dict(branching=65), r'data.synthetic.branching=65 must be in \[1, vocab = 64\]'),
+    (dict(doc_len=1), r'data.synthetic.doc_len=1 must be 0'),
+    (dict(task_seed=-1), r'task_seed=-1 must be >= 0'),
+])
+def test_bad_settings_fail_clearly(overrides, match):
+  task = overrides.pop('task', 'bigram_backcopy')
+  with pytest.raises(DataError, match=match):
+    build_data(synth_cfg(task, **overrides), global_batch_size=4, seed=0)
+
+
+def test_negative_seed_fails_clearly():
+  with pytest.raises(DataError, match='config.seed=-1 must be >= 0'):
+    build_data(synth_cfg(), global_batch_size=4, seed=-1)
