@@ -4,6 +4,10 @@ authors' gated-Qwen3 layout (config.json + sharded safetensors), as their 1B_gat
 
   python benchmarks/fake_release.py make --out=/tmp/fake_1b_gate_headwise
   python benchmarks/fake_release.py measure --src=/tmp/fake_1b_gate_headwise --out=/tmp/exported
+  # the run-directory path (README, "Hugging Face models"):
+  /usr/bin/time -v python main.py --mode=import --hf=/tmp/fake_1b_gate_headwise --workdir=/tmp/r
+  /usr/bin/time -v python main.py --mode=analyze --workdir=/tmp/r --config.data.seq_len=4096 \
+      --config.train.batch_size=1 --config.data.val_batches=1
 
 `measure` runs each step in a fresh process and prints one JSON object per step: wall seconds
 and the process's peak resident memory (ru_maxrss). Write under /tmp, never into the repo.
@@ -64,6 +68,12 @@ def make(out: str, gate: str, max_shard_bytes: int):
     json.dump({'metadata': {'total_size': total}, 'weight_map': weight_map}, f, indent=2)
   with open(os.path.join(out, 'config.json'), 'w') as f:
     json.dump(cfg, f, indent=2)
+  # A tokenizer.json, so that an import of it can be analysed: a byte-level BPE trained offline
+  # on 5 MB of the built-in corpus (Qwen's is not on this machine; the vocabulary only needs to
+  # fit in the model's).
+  from configs import base  # pylint: disable=g-import-not-at-top
+  from input_pipeline import bpe  # pylint: disable=g-import-not-at-top
+  bpe.train_bpe(base.data_config(), 8192, os.path.join(out, 'tokenizer.json'), max_bytes=5 * 10**6)
   print(json.dumps({'step': 'make', 'out': out, 'files': len(shards), 'bytes': total}))
 
 

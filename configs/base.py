@@ -6,11 +6,13 @@ Scales (the config-string argument, `configs/g1_elementwise.py:<scale>`):
   dense_1p7b_48l  the paper's 1.7B dense model, 48 layers
   moe_15a2b       the paper's 15B-total / 2B-active MoE (128 experts, top-8)
   moe_tiny        a CPU-sized MoE (8 experts, top-2)
+  dense_90m       a 90M-parameter dense model at context 2048 for one accelerator (the sink at
+                  accelerator scale: experiments/sink_accelerator.py); needs a BPE tokenizer
 """
 
 import ml_collections
 
-SCALES = ('tiny', 'dense_1p7b_28l', 'dense_1p7b_48l', 'moe_15a2b', 'moe_tiny')
+SCALES = ('tiny', 'dense_1p7b_28l', 'dense_1p7b_48l', 'moe_15a2b', 'moe_tiny', 'dense_90m')
 QWEN_VOCAB = 151_936
 
 
@@ -94,6 +96,9 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
   elif scale == 'moe_tiny':
     m.update(ffn_size=0, tie_embeddings=False)
     m.moe.update(num_experts=8, top_k=2, expert_ffn_size=96)
+  elif scale == 'dense_90m':  # GPT-2-small-like, Qwen-style (GQA 12/4, QK-norm, SwiGLU)
+    m.update(vocab_size=16_384, num_layers=12, hidden_size=768, num_heads=12, num_kv_heads=4,
+             head_dim=64, ffn_size=2048, tie_embeddings=True, dtype='bfloat16')
   else:
     raise ValueError(f'Unknown scale {scale!r}; choose one of {", ".join(SCALES)} '
                      '(for example configs/g1_elementwise.py:tiny).')
@@ -208,6 +213,14 @@ def _paper_recipe(c: ml_collections.ConfigDict):
   c.mesh.update(data=1, fsdp=-1, rules='fsdp')
 
 
+def _accelerator_recipe(c: ml_collections.ConfigDict):
+  """dense_90m: 32 x 2048 tokens per step, 4,000 steps (262M tokens), AdamW 1e-3 (500 warm-up
+  steps, cosine to 1e-4); a BPE tokenizer trained on the corpus (input_pipeline/bpe.py)."""
+  c.data.update(seq_len=2048, tokenizer='', source='builtin_large')
+  c.train.update(batch_size=32, steps=4000, warmup_steps=500, learning_rate=1e-3,
+                 min_learning_rate=1e-4, eval_every=500, checkpoint_every=1000, log_every=50)
+
+
 def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
   scale = scale or 'tiny'
   c = ml_collections.ConfigDict()
@@ -220,6 +233,8 @@ def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
   c.update(system_configs())
   if scale in PAPER_SCALES:
     _paper_recipe(c)
+  if scale == 'dense_90m':
+    _accelerator_recipe(c)
   return c
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from input_pipeline.errors import DataError
 
-SOURCES = ('builtin', 'text', 'jsonl', 'parquet', 'arrayrecord', 'hf', 'synthetic')
+SOURCES = ('builtin', 'builtin_large', 'text', 'jsonl', 'parquet', 'arrayrecord', 'hf', 'synthetic')
 _NUM_CHECKED = 32  # documents read at build time so that bad data fails before training
 
 
@@ -207,22 +207,35 @@ class HFDocs(Documents):
     return self._ds[int(i)][self.field] or ''
 
 
-def stdlib_files() -> tuple[str, list[str]]:
-  """The stdlib root and its .py files (relative, sorted), outside site-/dist-packages."""
-  root = sysconfig.get_paths()['stdlib']
-  skip = {'site-packages', 'dist-packages', '__pycache__'}
+def _py_files(root: str, skip=('site-packages', 'dist-packages')) -> list[str]:
+  """The .py files under `root` (relative, sorted), outside the directories named in `skip`."""
+  skip = set(skip) | {'__pycache__'}
   files = []
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = [d for d in dirnames if d not in skip]
     files += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames if f.endswith('.py')]
-  return root, sorted(files)
+  return sorted(files)
+
+
+def stdlib_files() -> tuple[str, list[str]]:
+  """The stdlib root and its .py files (relative, sorted), outside site-/dist-packages."""
+  root = sysconfig.get_paths()['stdlib']
+  return root, _py_files(root)
 
 
 def _builtin(cfg) -> Documents:
-  del cfg
+  """'builtin': the running Python's standard library source (~31 MB on CPython 3.11).
+  'builtin_large': that and the .py files of the installed packages (site-packages: 130-260 MB,
+  depending on what is installed; describe() reports the size), for models that would see the
+  stdlib alone many times over."""
   root, files = stdlib_files()
-  docs = FileDocs([os.path.join(root, f) for f in files], f'builtin (Python stdlib at {root})',
-                  errors='replace')  # a few test files are deliberately not UTF-8
+  paths = [os.path.join(root, f) for f in files]
+  name = f'builtin (Python stdlib at {root})'
+  if cfg.source == 'builtin_large':
+    packages = sysconfig.get_paths()['purelib']
+    paths += [os.path.join(packages, f) for f in _py_files(packages, skip=())]
+    name = f'builtin_large (Python stdlib at {root} and the packages in {packages})'
+  docs = FileDocs(paths, name, errors='replace')  # a few test files are deliberately not UTF-8
   docs.info['root'] = root
   return docs
 
@@ -250,7 +263,7 @@ def _need(module: str, package: str, source: str):
 def load_documents(cfg) -> Documents:
   """The documents of `data.source` / `data.path`; raises DataError if they cannot be used."""
   name = f'data.path={cfg.path!r}'
-  if cfg.source == 'builtin':
+  if cfg.source in ('builtin', 'builtin_large'):
     docs = _builtin(cfg)
   elif cfg.source == 'text':
     docs = FileDocs(_glob(cfg, 'UTF-8 text files'), name)
