@@ -6,7 +6,9 @@
 The loss is pooled exactly over all batches (summed cross-entropy / tokens). The analysis
 statistics (model.inspect: F-Attn, M-Act, gate scores, sparsity) materialise attention
 probabilities [B, H, T, T] one layer at a time, so the loop inspects only the first rows of the
-first batch; the analysis inspects every batch. `analysis.metrics.pool` combines them.
+first batch (its loss comes from the training forward); the analysis inspects every batch, and
+takes the loss from that same forward (explicit attention: equal to the fused one to float
+rounding). `analysis.metrics.pool` combines them.
 """
 
 import dataclasses
@@ -47,20 +49,22 @@ def evaluate(setup, params, batches: list[dict], *, inspect_rows: int | None = N
   with jax.set_mesh(setup.mesh):
     for i, local in enumerate(batches):
       batch = setup.global_batch(local)
-      out = jax.device_get(setup.eval_step(params, batch))
+      if inspect_rows is None:   # every batch inspected: the loss comes from the same forward
+        out, aux = jax.device_get(setup.eval_inspect_step(params, batch))
+        inspected = local
+      else:
+        out, aux = jax.device_get(setup.eval_step(params, batch)), None
+        if i == 0:
+          rows = _inspect_rows(setup, inspect_rows, len(local['inputs']))
+          inspected = {k: v[:rows] for k, v in local.items()}
+          batch = setup.global_batch(inspected)
+          aux = jax.device_get(setup.inspect_step(params, batch))
       loss_sum += float(out['loss_sum'])
       tokens += float(out['tokens'])
-      if inspect_rows is None:
-        inspected = local
-      elif i == 0:
-        rows = _inspect_rows(setup, inspect_rows, len(local['inputs']))
-        inspected = {k: v[:rows] for k, v in local.items()}
-      else:
-        continue
-      batch = setup.global_batch(inspected) if inspected is not local else batch
-      auxes.append(jax.device_get(setup.inspect_step(params, batch)))
-      shapes.append(tuple(batch['inputs'].shape))
-      inputs.append(np.asarray(inspected['inputs']))
+      if aux is not None:
+        auxes.append(aux)
+        shapes.append(tuple(batch['inputs'].shape))
+        inputs.append(np.asarray(inspected['inputs']))
   if not auxes:
     raise ValueError('evaluate() got no batches.')
   return Evaluation(loss=loss_sum / max(tokens, 1.0), tokens=tokens,

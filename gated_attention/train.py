@@ -150,6 +150,16 @@ def inspect_step(params, batch, *, graphdef):
   return model_lib.inspect(nnx.merge(graphdef, params), batch['inputs'])[1]
 
 
+def eval_inspect_step(params, batch, *, graphdef):
+  """eval_step's sums and inspect_step's statistics from one forward pass (the inspect path's
+  explicit attention), for the analysis, which inspects every batch."""
+  logits_BxTxV, stats = model_lib.inspect(nnx.merge(graphdef, params), batch['inputs'])
+  lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
+  target = jnp.take_along_axis(logits_BxTxV, batch['targets'][..., None], -1)[..., 0]
+  mask_BxT = batch['loss_mask']
+  return {'loss_sum': jnp.sum((lse_BxT - target) * mask_BxT), 'tokens': jnp.sum(mask_BxT)}, stats
+
+
 def mesh_platform(mesh) -> str:
   """The platform of a mesh's devices ('cpu', 'gpu', 'tpu'); an AbstractMesh (memory estimates)
   has no devices: JAX's default backend."""
@@ -180,7 +190,7 @@ class Setup:
 
   `model_cfg` is the typed ModelConfig (built here, at the boundary, for the mesh's platform);
   `graphdef`, `abstract_params` / `abstract_opt` (ShapeDtypeStructs carrying their shardings),
-  and the jitted `init_fn`, `train_step`, `eval_step`, `inspect_step`.
+  and the jitted `init_fn`, `train_step`, `eval_step`, `inspect_step`, `eval_inspect_step`.
   """
 
   def __init__(self, cfg, mesh):
@@ -228,6 +238,9 @@ class Setup:
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
     self.inspect_step = jax.jit(
         with_rules(functools.partial(inspect_step, graphdef=self.graphdef)),
+        in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
+    self.eval_inspect_step = jax.jit(
+        with_rules(functools.partial(eval_inspect_step, graphdef=self.graphdef)),
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
 
   def _with_rules(self, f):
