@@ -158,24 +158,27 @@ def _quiet_orbax():
 
 
 @jax.jit
-def _integrity(tree):
-  """{leaf: [checksum, all finite] uint32}: the sum over elements of bits x (position weight),
-  in wrapping uint32 arithmetic, so it is exact and the same whatever the sharding."""
-  def one(x):
-    bits = (jax.lax.bitcast_convert_type(x, jnp.uint32) if x.dtype == jnp.float32
-            else x.astype(jnp.uint32))
-    pos = jax.lax.iota(jnp.uint32, max(x.size, 1))[:x.size].reshape(x.shape)
-    weights = pos * jnp.uint32(2654435761) + jnp.uint32(1)
-    finite = jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.floating) else True
-    return jnp.stack([jnp.sum(bits * weights, dtype=jnp.uint32), jnp.uint32(finite)])
-  return jax.tree.map(one, tree)
+def _integrity(x):
+  """[checksum, all finite] (uint32) of an array: the sum over elements of its bits x a position
+  weight, in wrapping uint32 arithmetic, so it is exact and the same whatever the sharding."""
+  bits = (jax.lax.bitcast_convert_type(x, jnp.uint32) if x.dtype == jnp.float32
+          else x.astype(jnp.uint32))
+  pos = jax.lax.iota(jnp.uint32, max(x.size, 1))[:x.size].reshape(x.shape)
+  weights = pos * jnp.uint32(2654435761) + jnp.uint32(1)
+  finite = jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.floating) else True
+  return jnp.stack([jnp.sum(bits * weights, dtype=jnp.uint32), jnp.uint32(finite)])
 
 
 def integrity(tree) -> tuple[dict[str, int], list[str]]:
-  """(checksum per leaf path, the paths of leaves holding a non-finite value)."""
-  flat = jax.tree_util.tree_flatten_with_path(jax.device_get(_integrity(tree)))[0]
-  sums = {jax.tree_util.keystr(p): int(v[0]) for p, v in flat}
-  bad = [jax.tree_util.keystr(p) for p, v in flat if not bool(v[1])]
+  """(checksum per leaf path, the paths of leaves holding a non-finite value). One leaf at a
+  time, so a host (numpy) tree is never on the device whole."""
+  sums, bad = {}, []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    key = jax.tree_util.keystr(path)
+    checksum, finite = (int(v) for v in jax.device_get(_integrity(leaf)))
+    sums[key] = checksum
+    if not finite:
+      bad.append(key)
   return sums, bad
 
 
@@ -233,12 +236,12 @@ class Checkpointer:
         policy.LatestN(keep),
         policy.BestN(get_metric_fn=level, reverse=True, n=1,
                      keep_checkpoints_without_metrics=True)])
-    options = ocp.CheckpointManagerOptions(
-        create=not read_only, read_only=read_only, enable_async_checkpointing=not read_only,
-        preservation_policy=preserve, best_fn=level, best_mode='min',
-        save_decision_policy=policy.AnySavePolicy([
-            policy.FixedIntervalPolicy(every), policy.PreemptionCheckpointingPolicy()]))
     with _quiet_orbax() if read_only else contextlib.nullcontext():
+      options = ocp.CheckpointManagerOptions(
+          create=not read_only, read_only=read_only, enable_async_checkpointing=not read_only,
+          preservation_policy=preserve, best_fn=level, best_mode='min',
+          save_decision_policy=policy.AnySavePolicy([
+              policy.FixedIntervalPolicy(every), policy.PreemptionCheckpointingPolicy()]))
       self.manager = ocp.CheckpointManager(self.directory, options=options,
                                            item_names=('state', 'data'))
     self._sizes = {}
@@ -262,7 +265,8 @@ class Checkpointer:
 
   def wait(self):
     """Blocks until the pending asynchronous save is written."""
-    self.manager.wait_until_finished()
+    with self._save_errors():
+      self.manager.wait_until_finished()
 
   def should_save(self, step: int) -> bool:
     """Every `every` steps, or when the cluster signals a preemption."""
@@ -271,15 +275,27 @@ class Checkpointer:
   def has_data(self, step: int) -> bool:
     return os.path.isdir(os.path.join(self.directory, str(step), 'data'))
 
-  def check_for_errors(self):
-    """Raises a CheckpointError if an asynchronous save failed."""
+  @contextlib.contextmanager
+  def _save_errors(self):
+    """A failed asynchronous save, whichever orbax call raises it, as one CheckpointError."""
     try:
-      self.manager.check_for_errors()
+      yield
+    except CheckpointError:
+      raise
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointError(
           f'Saving a checkpoint to {self.directory} failed: {type(e).__name__}: {e}\nThe '
           'checkpoints before it are intact; fix the cause (disk space, permissions) and run the '
           'same command again to resume from the latest one.') from e
+
+  def check_for_errors(self):
+    """Raises a CheckpointError if an asynchronous save failed. orbax keeps the error of a
+    failed save in its finalize thread (its check_for_errors misses it) until that thread is
+    joined, so a save that has finished is joined here (at once)."""
+    with self._save_errors():
+      self.manager.check_for_errors()
+      if not self.manager.is_saving_in_progress():
+        self.manager.wait_until_finished()
 
   def _check_disk_space(self):
     """Refuses a save the disk cannot hold: less free space than the last checkpoint took."""
@@ -302,9 +318,11 @@ class Checkpointer:
     if bad:
       raise CheckpointError(f'Refusing to save checkpoint {step}: {len(bad)} array(s) hold '
                             f'non-finite values, e.g. {bad[:3]}.')
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), **items),
-                      force=True, metrics=metrics,
-                      custom_metadata={'checksums': sums, 'loop': loop_state or {}})
+    with self._save_errors():  # it first waits for the previous save, which may have failed
+      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                      **items),
+                        force=True, metrics=metrics,
+                        custom_metadata={'checksums': sums, 'loop': loop_state or {}})
 
   def save(self, step: int, state: dict, data_iter, *, metrics: dict | None = None,
            loop_state: dict | None = None):
@@ -315,8 +333,10 @@ class Checkpointer:
                loop_state)
 
   def save_params(self, step: int, params: dict):
-    """A warm-start checkpoint: the parameters alone (imports, init_from)."""
-    self._save(step, {'params': params}, {}, None, None)
+    """A warm-start checkpoint: the parameters alone (imports), kept outside the best-checkpoint
+    ranking (no loss level; orbax warns of that)."""
+    with _quiet_orbax():
+      self._save(step, {'params': params}, {}, None, None)
 
   def _verify(self, step: int, state: dict):
     want = self.manager.metadata(step).custom_metadata.get('checksums')
@@ -341,7 +361,8 @@ class Checkpointer:
           state=ocp.args.StandardRestore(abstract_state),
           data=grain.checkpoint.CheckpointRestore(data_iter)))
     except Exception as e:  # orbax and grain raise many types
-      raise CheckpointError(f'{type(e).__name__}: {str(e)[:200]}') from e
+      first = (str(e).strip().splitlines() or [''])[0]
+      raise CheckpointError(f'{type(e).__name__}: {first[:200]}') from e
     self._verify(step, out['state'])
     loop = self.manager.metadata(step).custom_metadata.get('loop') or {}
     return Restored(step, out['state'], loop, warm=False)
@@ -397,8 +418,9 @@ class Checkpointer:
     PyTree handler here, the standard one for saves)."""
     item = {'params': abstract_params}
     with _quiet_orbax():
-      reader = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-          read_only=True), item_names=('state', 'data'))
+      options = ocp.CheckpointManagerOptions(read_only=True)
+      reader = ocp.CheckpointManager(self.directory, options=options,
+                                     item_names=('state', 'data'))
     try:
       out = reader.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
           item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),

@@ -195,10 +195,11 @@ def _recover(run: _Run, failure: stability.Event):
   if tc.on_failure == 'rollback' and run.rollbacks < tc.max_rollbacks and best is not None:
     ckpt.wait()
     restored = ckpt.restore_step(best, run.abstract_state, run.data.train_iter)
-    rollbacks = run.rollbacks + 1
+    # Each rollback lowers the rate in force (not the one saved with the checkpoint rolled back
+    # to, which repeated rollbacks to one checkpoint would scale only once).
+    rollbacks, lr_scale = run.rollbacks + 1, run.lr_scale * tc.rollback_lr_factor
     run.adopt(restored)
-    run.rollbacks = rollbacks
-    run.lr_scale *= tc.rollback_lr_factor
+    run.rollbacks, run.lr_scale = rollbacks, lr_scale
     run.writer.write(failure.step, 'rollback', {'to_step': best, 'lr_scale': run.lr_scale,
                                                 'why': failure.why})
     run.progress.write(f'step {failure.step}: {failure.why}; rolled back to checkpoint {best} '

@@ -156,8 +156,8 @@ def restore_case():
     s = train.Setup(c, sharding.build_mesh(c.mesh, jax.devices()[:n]))
     ck = ckpt_lib.Checkpointer(workdir, read_only=True)
     data = input_pipeline.build_data(c.data, global_batch_size=B, seed=0)
-    got = ck.restore(ck.latest_step(), {'params': s.abstract_params, 'opt_state': s.abstract_opt},
-                     data.train_iter)
+    got = ck.restore_step(ck.latest_step(), {'params': s.abstract_params,
+                                             'opt_state': s.abstract_opt}, data.train_iter).state
     ck.close()
     same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), b)), got, expected)
     out[str(n)] = {

@@ -192,7 +192,8 @@ def _report(result, cfg, workdir, step, data, map_layers_spec) -> dict:
       seq_len=int(cfg.data.seq_len), batch_size=int(cfg.train.batch_size),
       tokenizer=data.tokenizer.name,
       attn_map_layers=_map_layers(map_layers_spec, report['num_layers']),
-      stability=metrics.stability(runs.read_metrics(workdir)), definitions=DEFINITIONS)
+      stability=metrics.stability(runs.read_metrics(workdir, every_row=True)),
+      definitions=DEFINITIONS)
   return report
 
 

@@ -50,17 +50,18 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   return base_config.from_saved(saved)
 
 
-def read_metrics(workdir: str) -> list[dict]:
+def read_metrics(workdir: str, *, every_row: bool = False) -> list[dict]:
   """The rows of metrics.jsonl (each has 'step' and 'split'); [] when there is none.
 
-  A run resumed after a crash may repeat steps: a later row for the same (split, step) replaces
-  the earlier one, so curves have one point per step. Unparseable (e.g. truncated) lines are
-  skipped.
+  A run resumed after a crash (or rolled back) repeats steps: a later row for the same (split,
+  step) replaces the earlier one, so curves have one point per step; with `every_row`, all rows
+  in file order (events such as loss spikes happened in every attempt). Unparseable (e.g.
+  truncated) lines are skipped.
   """
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.isfile(path):
     return []
-  rows = {}
+  rows = []
   with open(path) as f:
     for line in f:
       try:
@@ -68,8 +69,11 @@ def read_metrics(workdir: str) -> list[dict]:
       except ValueError:
         continue
       if isinstance(row, dict) and 'step' in row and 'split' in row:
-        rows[(row['split'], row['step'])] = row
-  return sorted(rows.values(), key=lambda r: (r['step'], r['split']))
+        rows.append(row)
+  if every_row:
+    return rows
+  latest = {(r['split'], r['step']): r for r in rows}
+  return sorted(latest.values(), key=lambda r: (r['step'], r['split']))
 
 
 def checkpointer(workdir: str):

@@ -10,6 +10,7 @@ starts a fresh optimizer and data iterator from it: continued training or fine-t
 data source) open it unchanged.
 """
 
+import gc
 import os
 import time
 
@@ -45,17 +46,19 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
                                    f'from {hf_dir}/config.json and cannot be overridden.')
   config.update_from_flattened_dict(dict(overrides or {}))
   t_read = time.time() - t0
-  setup = train_lib.Setup(config, runs.build_mesh(config))
-  params = jax.device_put(params, setup.param_shardings)
+  train_lib.Setup(config, runs.build_mesh(config))   # validates the config on this machine
   ckpt_lib.check_or_write_config(workdir, config)
+  count = int(sum(x.size for x in jax.tree.leaves(params)))
   checkpointer = ckpt_lib.Checkpointer(workdir)
   try:
-    checkpointer.save_params(IMPORT_STEP, params)
+    checkpointer.save_params(IMPORT_STEP, params)  # host arrays: orbax writes them as they are
+    del params  # orbax holds its own copy while it writes asynchronously: free ours meanwhile
+    gc.collect()
   finally:
     checkpointer.close()
   return {'workdir': os.path.abspath(workdir), 'variant': config.variant, 'step': IMPORT_STEP,
           'source': os.path.abspath(hf_dir), 'tokenizer': config.data.tokenizer,
-          'parameters': int(sum(x.size for x in jax.tree.leaves(params))),
+          'parameters': count,
           'read_seconds': round(t_read, 1), 'seconds': round(time.time() - t0, 1),
           'peak_rss_gib': round(_peak_rss_gib(), 2)}
 

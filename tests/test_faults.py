@@ -1,0 +1,685 @@
+"""Fault injection (issue 11): kill -9, damaged checkpoints, NaN steps, divergence, a full disk,
+a failing asynchronous save, changed data settings and bad inputs. Each case asserts what the run
+did; docs/faults.md tabulates the results of `pytest -q -m slow tests/test_faults.py`.
+
+Every run here is the same tiny model for 30 steps (checkpoints every 10), compared bitwise with
+one uninterrupted reference run. One persistent XLA compilation cache, in this process and in the
+`main.py` subprocesses, keeps each run to seconds (the compiled programs are the same ones).
+"""
+
+import errno
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import jax
+import numpy as np
+import pytest
+from jax.experimental.compilation_cache import compilation_cache
+from orbax.checkpoint._src.checkpointers import async_checkpointer
+
+from gated_attention import checkpoint as ckpt_lib
+from gated_attention import loop
+from gated_attention.analysis import metrics as metrics_lib
+from gated_attention.analysis import runs as runs_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 30
+OVERRIDES = {
+    'model.num_layers': 2, 'model.hidden_size': 64, 'model.head_dim': 16, 'model.ffn_size': 128,
+    'data.seq_len': 32, 'data.val_batches': 2, 'train.batch_size': 8, 'train.warmup_steps': 4,
+    'train.steps': STEPS, 'train.log_every': 1, 'train.eval_every': STEPS,
+    'train.checkpoint_every': 10,
+}
+EVENTS = ('skip', 'spike', 'diverged', 'failure', 'rollback')
+# A failed restore (a damaged checkpoint) leaves orbax reads in flight whose coroutines and
+# callbacks end after their event loop closed; Python reports them as unraisable.
+pytestmark = pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+
+
+def config(**extra):
+  from configs import g1_elementwise  # pylint: disable=g-import-not-at-top
+  c = g1_elementwise.get_config('tiny')
+  c.update_from_flattened_dict({**OVERRIDES, **extra})
+  return c
+
+
+def main_cmd(workdir, **extra):
+  """The `main.py` command line of `config(**extra)` in `workdir`."""
+  return ([sys.executable, 'main.py', '--config=configs/g1_elementwise.py', f'--workdir={workdir}']
+          + [f'--config.{k}={v}' for k, v in {**OVERRIDES, **extra}.items()])
+
+
+def run_main(cmd, env, timeout=300) -> subprocess.CompletedProcess:
+  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def rows(workdir, split='train') -> dict:
+  """{step: row} of one split of metrics.jsonl, the last row of a step winning (a resumed run
+  repeats the steps after its checkpoint)."""
+  return {r['step']: r for r in runs_lib.read_metrics(workdir) if r['split'] == split}
+
+
+def events(workdir) -> list[dict]:
+  return [r for r in runs_lib.read_metrics(workdir, every_row=True) if r['split'] in EVENTS]
+
+
+def losses(workdir) -> dict:
+  return {step: row['loss'] for step, row in rows(workdir).items()}
+
+
+def steps_of(workdir) -> list[int]:
+  """The finished checkpoints (as orbax sees them)."""
+  ckpt = ckpt_lib.Checkpointer(workdir, read_only=True)
+  try:
+    return ckpt.all_steps()
+  finally:
+    ckpt.close()
+
+
+def params_of(workdir, step=None) -> dict:
+  return jax.device_get(runs_lib.load_run(workdir, step).params)
+
+
+def assert_bitwise(a, b):
+  la, ta = jax.tree.flatten(a)
+  lb, tb = jax.tree.flatten(b)
+  assert ta == tb
+  for x, y in zip(la, lb):
+    assert x.dtype == y.dtype and np.array_equal(x, y), 'parameters differ'
+
+
+def assert_finite(tree):
+  for x in jax.tree.leaves(tree):
+    assert np.all(np.isfinite(x))
+
+
+def copy_run(src, tmp_path, name='run') -> str:
+  dst = str(tmp_path / name)
+  shutil.copytree(src, dst)
+  return dst
+
+
+def one_paragraph(stderr: str):
+  """main.py's way of failing on a user error: no traceback, the message and the hint line."""
+  assert 'Traceback' not in stderr, stderr
+  assert '(--verbosity=1 or GATED_ATTENTION_TRACEBACK=1 shows the traceback.)' in stderr, stderr
+
+
+@pytest.fixture(scope='module')
+def env(tmp_path_factory):
+  """A persistent compilation cache for this module (this process and its subprocesses); the
+  process's JAX settings are restored afterwards."""
+  cache = str(tmp_path_factory.mktemp('xla_cache'))
+  names = {'jax_compilation_cache_dir': cache, 'jax_persistent_cache_min_compile_time_secs': 0}
+  old = {name: getattr(jax.config, name) for name in names}
+  for name, value in names.items():
+    jax.config.update(name, value)
+  yield {**os.environ, 'JAX_COMPILATION_CACHE_DIR': cache,
+         'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0', 'JAX_PLATFORMS': 'cpu'}
+  for name, value in old.items():
+    jax.config.update(name, value)
+  compilation_cache.reset_cache()
+
+
+@pytest.fixture(scope='module')
+def reference(env, tmp_path_factory):
+  """The uninterrupted run every faulty one is compared with: (workdir, losses, final params)."""
+  del env
+  workdir = str(tmp_path_factory.mktemp('reference') / 'run')
+  loop.run(config(), workdir)
+  assert steps_of(workdir) == [10, 20, 30]
+  assert sorted(losses(workdir)) == list(range(1, STEPS + 1))
+  return types.SimpleNamespace(workdir=workdir, losses=losses(workdir),
+                               params=params_of(workdir))
+
+
+def assert_like_reference(workdir, reference):
+  """The run finished with the reference's per-step train losses and parameters, bitwise."""
+  assert losses(workdir) == reference.losses
+  assert steps_of(workdir)[-1] == STEPS
+  assert_bitwise(params_of(workdir), reference.params)
+
+
+# kill -9 ----------------------------------------------------------------------------------------
+
+def _saving(workdir, step):
+  """While orbax writes checkpoint `step` (its temporary directory exists)."""
+  def ready():
+    d = os.path.join(workdir, 'checkpoints')
+    return os.path.isdir(d) and any(n.startswith(f'{step}.orbax-checkpoint-tmp')
+                                    for n in os.listdir(d))
+  ready.what = f'mid-save of checkpoint {step}'
+  return ready
+
+
+def _logged(workdir, step):
+  """Once this attempt has written the train row of `step` (rows already there do not count)."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  offset = os.path.getsize(path) if os.path.exists(path) else 0
+  def ready():
+    if not os.path.exists(path):
+      return False
+    with open(path) as f:
+      f.seek(offset)
+      whole = f.read().split('\n')[:-1]           # a line being written has no newline yet
+    return any(r['split'] == 'train' and r['step'] >= step for r in map(json.loads, whole))
+  ready.what = f'after the train row of step {step}'
+  return ready
+
+
+def _after(seconds):
+  start = time.time()
+  def ready():
+    return time.time() - start >= seconds
+  ready.what = f'{seconds:.1f} s after launch (start-up)'
+  return ready
+
+
+def kill_when(cmd, env, ready, log, timeout=300):
+  """Starts `cmd`, SIGKILLs it as soon as `ready()` holds; fails if it ends first."""
+  with open(log, 'a') as out:
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.time() + timeout
+    try:
+      while not ready():
+        assert proc.poll() is None, f'the run ended before the kill point ({ready.what})'
+        assert time.time() < deadline, 'timed out waiting for the kill point'
+        time.sleep(0.002)
+      proc.send_signal(signal.SIGKILL)
+    finally:
+      proc.kill()
+      proc.wait()
+  assert proc.returncode == -signal.SIGKILL
+
+
+def test_kill9_mid_save_resumes_bitwise(env, reference, tmp_path):
+  """One kill while checkpoint 20 is written; the same command again finishes the run."""
+  workdir = str(tmp_path / 'run')
+  cmd = main_cmd(workdir)
+  kill_when(cmd, env, _saving(workdir, 20), str(tmp_path / 'log'))
+  assert steps_of(workdir) in ([10], [10, 20])      # 20 is unfinished unless its commit won
+  done = run_main(cmd, env)
+  assert done.returncode == 0, done.stderr
+  assert_like_reference(workdir, reference)
+
+
+@pytest.mark.slow
+def test_kill9_at_random_points_resume_bitwise(env, reference, tmp_path):
+  """Six kills of one run, one after the other (each attempt resumes and is killed further on):
+  at start-up, mid-save of 10, after a random step, mid-save of 20, after the last train row
+  (mid-eval), mid-save of the last checkpoint; then one attempt runs to the end."""
+  rng = random.Random(11)
+  workdir = str(tmp_path / 'run')
+  cmd, log = main_cmd(workdir), str(tmp_path / 'log')
+  points = [lambda: _after(rng.uniform(0.5, 4.0)), lambda: _saving(workdir, 10),
+            lambda: _logged(workdir, rng.randint(11, 19)), lambda: _saving(workdir, 20),
+            lambda: _logged(workdir, STEPS), lambda: _saving(workdir, STEPS)]
+  for point in points:
+    ready = point()
+    kill_when(cmd, env, ready, log)
+    print(f'killed {ready.what}: finished checkpoints {steps_of(workdir)}')
+  done = run_main(cmd, env)
+  assert done.returncode == 0, done.stderr
+  assert_like_reference(workdir, reference)
+
+
+# Damaged checkpoints ----------------------------------------------------------------------------
+
+def _largest_data_file(step_dir):
+  files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(step_dir, 'state')) for f in fs
+           if os.sep + 'd' + os.sep in os.path.join(d, f)]
+  return max(files, key=os.path.getsize)
+
+
+def _flip_bytes(step_dir, _):
+  path = _largest_data_file(step_dir)
+  with open(path, 'r+b') as f:
+    f.seek(os.path.getsize(path) // 2)
+    old = f.read(4)
+    f.seek(-4, os.SEEK_CUR)
+    f.write(bytes(b ^ 0x5A for b in old))
+  return os.path.relpath(path, step_dir)
+
+
+def _truncate(step_dir, _):
+  path = _largest_data_file(step_dir)
+  os.truncate(path, os.path.getsize(path) // 2)
+  return os.path.relpath(path, step_dir)
+
+
+def _empty(step_dir, _):
+  shutil.rmtree(step_dir)
+  os.mkdir(step_dir)
+
+
+def _wrong_checksums(step_dir, _):
+  """Intact orbax files; one recorded checksum off by one."""
+  path = os.path.join(step_dir, '_CHECKPOINT_METADATA')
+  with open(path) as f:
+    meta = json.load(f)
+  sums = meta['custom_metadata']['checksums']
+  key = next(k for k in sorted(sums) if k.startswith("['params']"))
+  sums[key] = (sums[key] + 1) % 2**32
+  with open(path, 'w') as f:
+    json.dump(meta, f)
+  return key
+
+
+def _other_arrays(step_dir, prev_dir):
+  """The state item replaced by another checkpoint's: valid arrays, not this step's."""
+  shutil.rmtree(os.path.join(step_dir, 'state'))
+  shutil.copytree(os.path.join(prev_dir, 'state'), os.path.join(step_dir, 'state'))
+
+
+# damage: (how, what the warning gives as the reason)
+DAMAGE = {
+    'flipped_bytes': (_flip_bytes, r'checksum mismatch in |non-finite values in |error while '
+                                   'reading'),
+    'truncated_file': (_truncate, r'error while reading|checksum mismatch in '),
+    'empty_step_dir': (_empty, r'empty or partial: it holds no state'),
+    'wrong_checksum': (_wrong_checksums, r'checksum mismatch in \["\[\'params\'\]'),
+    'other_valid_arrays': (_other_arrays, r'checksum mismatch in '),
+}
+
+
+def _files(top) -> list:
+  """(path relative to `top`, size) of every file under `top`."""
+  return sorted((os.path.relpath(os.path.join(d, f), top), os.path.getsize(os.path.join(d, f)))
+                for d, _, fs in os.walk(top) for f in fs)
+
+
+@pytest.mark.parametrize('damage', list(DAMAGE))
+def test_unusable_newest_checkpoint_is_set_aside(reference, tmp_path, capsys, damage):
+  workdir = copy_run(reference.workdir, tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  how, reason = DAMAGE[damage]
+  how(os.path.join(ckpts, '30'), os.path.join(ckpts, '20'))
+  damaged = _files(os.path.join(ckpts, '30'))
+
+  loop.run(config(), workdir)
+  out = capsys.readouterr().out
+  aside = os.path.join(ckpts, '30.unusable')
+  warning = next((l for l in out.splitlines() if l.startswith('Warning: checkpoint 30')), out)
+  print(warning)
+  assert warning.startswith('Warning: checkpoint 30 is unusable (') and (
+      f'set aside as {aside} (not deleted); trying the previous one.') in warning, out
+  assert re.search(reason, warning), warning
+  assert 'resuming at step 20' in out, out
+  assert _files(aside) == damaged                  # kept as it was, for inspection
+  assert_like_reference(workdir, reference)         # resumed from 20: steps 21-30 bitwise
+
+
+@pytest.mark.slow
+def test_two_damaged_newest_checkpoints_fall_back_twice(reference, tmp_path, capsys):
+  workdir = copy_run(reference.workdir, tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  _flip_bytes(os.path.join(ckpts, '30'), None)
+  _truncate(os.path.join(ckpts, '20'), None)
+  loop.run(config(), workdir)
+  out = capsys.readouterr().out
+  for step in (30, 20):
+    assert f'Warning: checkpoint {step} is unusable' in out, out
+    assert os.path.isdir(os.path.join(ckpts, f'{step}.unusable'))
+  assert 'resuming at step 10' in out
+  assert_like_reference(workdir, reference)
+
+
+# Non-finite steps -------------------------------------------------------------------------------
+
+def poison(monkeypatch, first: int, count: int):
+  """From step `first` on, the next `count` train batches carry a NaN in their loss mask (so the
+  loss and every gradient are NaN); returns the list of poisoned steps (filled as they run)."""
+  hit, step = [], loop._step
+
+  def poisoned(run, batch):
+    if run.step + 1 >= first and len(hit) < count:
+      hit.append(run.step + 1)
+      mask = np.array(batch['loss_mask'])
+      mask[0, 0] = np.nan
+      batch = {**batch, 'loss_mask': jax.device_put(mask, batch['loss_mask'].sharding)}
+    return step(run, batch)
+  monkeypatch.setattr(loop, '_step', poisoned)
+  return hit
+
+
+def test_nan_gradient_step_is_skipped(reference, tmp_path, monkeypatch):
+  workdir = str(tmp_path / 'run')
+  hit = poison(monkeypatch, 15, 1)
+  loop.run(config(), workdir)
+  assert hit == [15]
+  assert [(e['step'], e['split'], e['loss']) for e in events(workdir)] == [(15, 'skip', None)]
+  train = rows(workdir)
+  assert sorted(train) == list(range(1, STEPS + 1))        # the run finished
+  assert train[15]['loss'] is None and train[15]['finite'] is False
+  assert train[15]['param_norm'] == train[14]['param_norm']  # the step changed nothing
+  assert train[STEPS]['skipped_total'] == 1
+  # --mode=analyze's count
+  report = metrics_lib.stability(runs_lib.read_metrics(workdir, every_row=True))
+  assert (report['skipped_steps'], report['spikes'], report['halted']) == (1, 0, False)
+  assert {s: l for s, l in losses(workdir).items() if s < 15} == {
+      s: l for s, l in reference.losses.items() if s < 15}
+  # Not calm within spike_window steps of the skip: no checkpoint at 20; the last one is saved.
+  assert steps_of(workdir) == [10, 30]
+  assert_finite(params_of(workdir))
+
+
+def test_nonfinite_steps_in_a_row_halt_and_nothing_bad_is_saved(reference, tmp_path,
+                                                                  monkeypatch):
+  workdir = str(tmp_path / 'run')
+  hit = poison(monkeypatch, 13, 100)
+  with pytest.raises(loop.TrainingStopped, match='10 non-finite steps in a row') as e:
+    loop.run(config(), workdir)
+  assert 'the best checkpoint is step 10' in str(e.value)
+  assert hit == list(range(13, 23))
+  assert [(e['step'], e['split']) for e in events(workdir)] == (
+      [(s, 'skip') for s in range(13, 23)] + [(22, 'failure')])
+  assert steps_of(workdir) == [10]
+  assert_bitwise(params_of(workdir), params_of(reference.workdir, 10))
+
+
+@pytest.mark.slow  # the halved learning rate is a static argument: one more compile
+def test_nonfinite_steps_in_a_row_roll_back_with_a_lower_learning_rate(reference, tmp_path,
+                                                                       monkeypatch):
+  workdir = str(tmp_path / 'run')
+  hit = poison(monkeypatch, 13, 10)                 # a transient fault: 10 poisoned batches
+  loop.run(config(**{'train.on_failure': 'rollback'}), workdir)
+  assert hit == list(range(13, 23))
+  back = [e for e in events(workdir) if e['split'] == 'rollback']
+  assert [(e['step'], e['to_step'], e['lr_scale']) for e in back] == [(22, 10, 0.5)]
+  train = rows(workdir)
+  assert sorted(train) == list(range(1, STEPS + 1))
+  schedule = loop.train_lib.learning_rate_schedule(config().train)
+  for step in (11, 20, 30):       # after the rollback the schedule runs at half the rate
+    assert train[step]['learning_rate'] == pytest.approx(0.5 * float(schedule(step - 1)))
+  assert train[11]['loss'] == reference.losses[11]   # same state and batch as the reference
+  assert train[12]['loss'] != reference.losses[12]   # then the halved step moved it elsewhere
+  assert_finite(params_of(workdir))
+
+
+# A full disk and a failing asynchronous save ----------------------------------------------------
+
+def test_disk_full_simulated_stops_cleanly(reference, tmp_path, monkeypatch):
+  """The disk-space check before each save, with shutil.disk_usage (as the checkpointer sees it)
+  reporting 64 KiB free; the run then resumes once there is space."""
+  workdir = str(tmp_path / 'run')
+  usage = shutil.disk_usage(str(tmp_path))
+  full = types.SimpleNamespace(disk_usage=lambda _: usage._replace(free=64 << 10))
+  monkeypatch.setattr(ckpt_lib, 'shutil', full)
+  with pytest.raises(ckpt_lib.CheckpointError, match=r'Only 0\.1 MiB are free') as e:
+    loop.run(config(), workdir)
+  assert 'it resumes from step 10' in str(e.value)
+  assert max(rows(workdir)) == 20                   # stopped at the save, not later
+  assert steps_of(workdir) == [10]
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['10']
+  monkeypatch.undo()
+  loop.run(config(), workdir)                       # space again: resumes from 10
+  assert_like_reference(workdir, reference)
+
+
+def fail_second_save(monkeypatch):
+  """The second asynchronous save fails in orbax's background thread: its writes finish, then
+  ENOSPC. Returns the list of the saves' directories (filled as they start committing)."""
+  calls, commit = [], async_checkpointer._background_wait_for_commit_futures
+
+  def failing(directory, commit_futures, *args, **kwargs):
+    calls.append(str(directory))
+    if len(calls) == 2:
+      for f in commit_futures:
+        f.result()
+      raise OSError(errno.ENOSPC, 'No space left on device', str(directory))
+    return commit(directory, commit_futures, *args, **kwargs)
+  monkeypatch.setattr(async_checkpointer, '_background_wait_for_commit_futures', failing)
+  return calls
+
+
+def test_failed_async_save_stops_the_run_at_the_next_step(reference, tmp_path, monkeypatch):
+  """Step 21 waits until the failed save of step 20 has finished in the background: the run
+  stops before step 22, the first step after the failure."""
+  workdir = str(tmp_path / 'run')
+  calls = fail_second_save(monkeypatch)
+  step = loop._step
+
+  def step_after_the_failure(run, batch):
+    if run.step == 20:
+      deadline = time.time() + 60
+      while run.checkpointer.manager.is_saving_in_progress() and time.time() < deadline:
+        time.sleep(0.01)
+    return step(run, batch)
+  monkeypatch.setattr(loop, '_step', step_after_the_failure)
+  with pytest.raises(ckpt_lib.CheckpointError, match='No space left on device') as e:
+    loop.run(config(), workdir)
+  assert str(e.value).startswith(f'Saving a checkpoint to {workdir}/checkpoints failed: OSError')
+  assert 'The checkpoints before it are intact' in str(e.value)
+  assert len(calls) == 2 and os.path.basename(calls[1]).startswith('20')
+  assert max(rows(workdir)) == 21
+  assert steps_of(workdir) == [10]
+  monkeypatch.undo()
+  loop.run(config(), workdir)                       # resumes from 10 past the unfinished 20
+  assert_like_reference(workdir, reference)
+
+
+# Resume with changed data settings --------------------------------------------------------------
+
+def _text_corpus(tmp_path) -> str:
+  d = tmp_path / 'corpus'
+  d.mkdir()
+  for i in range(4):
+    (d / f'{i}.txt').write_text(f'document {i}: ' + 'the quick brown fox jumps. ' * 200)
+  return str(d / '*.txt')
+
+
+def test_changed_data_settings_are_refused_with_the_differences(reference, tmp_path, env):
+  workdir = copy_run(reference.workdir, tmp_path)
+  before = {p: os.path.getmtime(os.path.join(workdir, p)) for p in ('config.json', 'checkpoints')}
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    loop.run(config(seed=7), workdir)
+  assert 'holds a run with other data settings:\n  seed: saved 0, now 7\nTo continue' in str(
+      e.value)
+  path = _text_corpus(tmp_path)
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    loop.run(config(**{'data.source': 'text', 'data.path': path}), workdir)
+  assert ("data.source: saved 'builtin', now 'text'\n  data.path: saved '', now "
+          f"'{path}'\n") in str(e.value)
+  assert {p: os.path.getmtime(os.path.join(workdir, p)) for p in before} == before
+  assert steps_of(workdir) == [10, 20, 30]
+
+  # The advised way on: its saved config (here from step 20, so that there is work left).
+  advised = re.search(r'--config=configs/from_run\.py:(\S+?)\s', str(e.value)).group(1)
+  assert advised == workdir
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', '30'))
+  done = run_main([sys.executable, 'main.py', f'--config=configs/from_run.py:{advised}',
+                   f'--workdir={workdir}'], env)
+  assert done.returncode == 0, done.stderr
+  assert 'resuming at step 20' in done.stdout
+  assert_like_reference(workdir, reference)
+
+
+# Errors meant for a user: one paragraph, exit 1 -------------------------------------------------
+
+def _read_only_dir(tmp_path) -> str:
+  d = tmp_path / 'read_only'
+  d.mkdir()
+  d.chmod(0o555)
+  try:
+    (d / 'probe').write_text('')
+  except PermissionError:
+    return str(d / 'run')
+  pytest.skip('permissions are not enforced for this user (root): a read-only directory is '
+              'writable')
+
+
+@pytest.mark.parametrize('case, flags, message', [
+    pytest.param('file', [], 'is a file, not a directory; pass a directory',
+                 id='workdir_is_a_file'),
+    pytest.param('read_only', [], 'is not writable; pass a directory you can write to',
+                 id='read_only_workdir'),
+    pytest.param('run', ['--config.train.log_every=0'], 'config.train.log_every=0 must be positive',
+                 id='log_every_0'),
+    pytest.param('run', ['--config.x=1'], 'Error in a --config override (--config.x=1)',
+                 id='unknown_override'),
+    pytest.param('run', ['--config=configs/g1_elementwise.py:huge'], "Unknown scale 'huge'",
+                 id='bad_scale'),
+])
+def test_user_errors_are_one_paragraph(tmp_path, env, case, flags, message):
+  if case == 'file':
+    workdir = str(tmp_path / 'file')
+    open(workdir, 'w').close()
+  elif case == 'read_only':
+    workdir = _read_only_dir(tmp_path)
+  else:
+    workdir = str(tmp_path / 'run')
+  done = run_main([sys.executable, 'main.py', f'--workdir={workdir}'] + flags, env, timeout=120)
+  assert done.returncode == 1, (done.stdout, done.stderr)
+  one_paragraph(done.stderr)
+  assert message in ' '.join(done.stderr.split()), done.stderr
+  assert not os.path.exists(os.path.join(workdir, 'checkpoints'))
+
+
+# Forced divergence -----------------------------------------------------------------------------
+
+def _diverge(workdir, env, **extra):
+  """Resumes the reference's copy at learning rate 10 (resume allows it) for 200 more steps."""
+  return run_main(main_cmd(workdir, **{'train.learning_rate': 10, 'train.steps': 230,
+                                       'train.eval_every': 230, **extra}), env)
+
+
+@pytest.mark.slow
+def test_divergence_halts_and_keeps_the_good_checkpoint(env, reference, tmp_path, capsys):
+  workdir = copy_run(reference.workdir, tmp_path)
+  done = _diverge(workdir, env)
+  assert done.returncode == 1, done.stderr
+  one_paragraph(done.stderr)
+  message = ' '.join(done.stderr.split())
+  assert 'Error (TrainingStopped): Training stopped at step' in message
+  assert 'the loss diverged' in message and 'the best checkpoint is step 30' in message
+  ev = events(workdir)
+  spikes = [e['step'] for e in ev if e['split'] == 'spike']
+  assert len(spikes) == 100 and spikes == list(range(spikes[0], spikes[0] + 100))
+  assert [(e['split'], e['step']) for e in ev[-2:]] == [('diverged', spikes[-1]),
+                                                       ('failure', spikes[-1])]
+  assert f'Training stopped at step {spikes[-1]}:' in message
+  report = metrics_lib.stability(runs_lib.read_metrics(workdir, every_row=True))
+  assert (report['spikes'], report['halted']) == (100, True)
+  summary = (f'first spike at step {spikes[0]}, halted at {spikes[-1]}; max train loss '
+             f'{max(r["loss"] for r in rows(workdir).values()):.0f}')
+  assert steps_of(workdir) == [10, 20, 30]          # nothing saved while diverging
+  assert_bitwise(params_of(workdir, 30), reference.params)
+  loop.run(config(), workdir)                       # the good checkpoint restores (verified)
+  out = capsys.readouterr().out
+  assert 'resuming at step 30' in out and 'unusable' not in out, out
+  print(summary)
+
+
+@pytest.mark.slow
+def test_divergence_rolls_back_with_lower_learning_rates(env, reference, tmp_path):
+  workdir = copy_run(reference.workdir, tmp_path)
+  done = _diverge(workdir, env, **{'train.on_failure': 'rollback', 'train.divergence_steps': 20})
+  back = [e for e in events(workdir) if e['split'] == 'rollback']
+  print(f'exit {done.returncode} after {len(back)} rollbacks: '
+        f'{[(e["step"], e["to_step"], e["lr_scale"]) for e in back]}')
+  assert back and all(e['to_step'] == 30 for e in back)
+  assert [e['lr_scale'] for e in back] == [0.5 ** k for k in range(1, len(back) + 1)]
+  counted = metrics_lib.stability(runs_lib.read_metrics(workdir, every_row=True))
+  assert counted['rollbacks'] == len(back)          # every attempt's events, not one per step
+  failures = [e['step'] for e in events(workdir) if e['split'] == 'failure']
+  assert [e['step'] for e in back] == failures[:len(back)]
+  schedule = loop.train_lib.learning_rate_schedule(config(**{'train.learning_rate': 10,
+                                                             'train.steps': 230}).train)
+  train = rows(workdir)
+  step = max(train)
+  assert train[step]['learning_rate'] == pytest.approx(
+      back[-1]['lr_scale'] * float(schedule(step - 1)))
+  if done.returncode == 0:                          # recovered at a lower learning rate
+    assert step == 230 and len(back) <= 3
+  else:                                             # or halted after max_rollbacks
+    assert done.returncode == 1 and len(back) == 3 and len(failures) == 4
+    one_paragraph(done.stderr)
+    assert 'Training stopped at step' in done.stderr
+  assert steps_of(workdir)[:3] == [10, 20, 30]
+  assert_bitwise(params_of(workdir, 30), reference.params)
+
+
+# A real full disk (a small tmpfs) ---------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(reference, tmp_path):
+  """A tmpfs of 2.5 x the size of a checkpoint (two fit, with less than one to spare), or a
+  skip where mounting is not permitted (test_disk_full_simulated_stops_cleanly runs instead)."""
+  size = ckpt_lib._dir_bytes(os.path.join(reference.workdir, 'checkpoints', '30'))
+  mnt = tmp_path / 'tmpfs'
+  mnt.mkdir()
+  if not shutil.which('mount'):
+    pytest.skip('no mount command')
+  done = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={(size * 5 // 2) // 4096 * 4096}',
+                         'tmpfs', str(mnt)], capture_output=True, text=True)
+  if done.returncode:
+    pytest.skip(f'cannot mount a tmpfs here: {done.stderr.strip()}')
+  try:
+    yield str(mnt)
+  finally:
+    subprocess.run(['umount', '-l', str(mnt)], check=True)
+
+
+def _fill(path, leave=256 << 10):
+  """Writes `path` until the disk has only `leave` bytes free (room for metrics, none for a
+  checkpoint)."""
+  with open(path, 'wb') as f:
+    f.write(b'\0' * max(shutil.disk_usage(os.path.dirname(path)).free - leave, 0))
+
+
+def _resume_elsewhere(workdir, tmp_path, reference):
+  """The stopped run, moved to a disk with space, resumes and ends like the reference."""
+  moved = copy_run(workdir, tmp_path, 'moved')
+  loop.run(config(), moved)
+  assert_like_reference(moved, reference)
+
+
+@pytest.mark.slow
+def test_disk_full_tmpfs_refuses_the_save(env, reference, small_disk, tmp_path):
+  workdir = os.path.join(small_disk, 'run')
+  done = run_main(main_cmd(workdir), env)
+  assert done.returncode == 1, done.stderr
+  one_paragraph(done.stderr)
+  message = ' '.join(done.stderr.split())
+  assert re.search(r'Only 0\.\d MiB are free on the disk of .+checkpoints, and the last '
+                   r'checkpoint took 1\.\d MiB: the next save would fail', message), message
+  assert 'it resumes from step 20' in message
+  assert max(rows(workdir)) == 30 and steps_of(workdir) == [10, 20]
+  _resume_elsewhere(workdir, tmp_path, reference)
+
+
+@pytest.mark.slow
+def test_disk_full_tmpfs_during_an_async_save(env, reference, small_disk, tmp_path):
+  """The disk fills up (another writer) the moment the save of step 20 starts."""
+  workdir = os.path.join(small_disk, 'run')
+  with open(tmp_path / 'stdout', 'w') as out, open(tmp_path / 'stderr', 'w') as err:
+    proc = subprocess.Popen(main_cmd(workdir), cwd=REPO, env=env, stdout=out, stderr=err)
+    saving, deadline = _saving(workdir, 20), time.time() + 300
+    while not saving() and proc.poll() is None and time.time() < deadline:
+      time.sleep(0.002)
+    _fill(os.path.join(small_disk, 'filler'))
+    proc.wait(timeout=300)
+  stderr = (tmp_path / 'stderr').read_text()
+  assert proc.returncode == 1, stderr
+  start = stderr.rindex('Error (CheckpointError)')
+  hint = '(--verbosity=1 or GATED_ATTENTION_TRACEBACK=1 shows the traceback.)'
+  message = ' '.join(stderr[start:stderr.index(hint, start)].split())
+  stopped = max(rows(workdir))
+  print(f'stopped after step {stopped}, finished checkpoints {steps_of(workdir)}; stderr: '
+        f'{len(stderr[:start].splitlines())} lines before the message '
+        f'({stderr[:start].count("Traceback")} tracebacks, logged by orbax), '
+        f'{len(stderr[start:].splitlines())} from it on')
+  if message.startswith('Error (CheckpointError): Saving a checkpoint to'):
+    assert 'No space left on device' in message and steps_of(workdir) == [10]
+    assert stopped < 30                             # at a step after the failure, not at 30
+  else:                                             # the filler came after the save's writes
+    assert 'MiB are free on the disk' in message and steps_of(workdir) == [10, 20]
+  _resume_elsewhere(workdir, tmp_path, reference)
