@@ -1,7 +1,7 @@
-"""Checkpoints with orbax: parameters and optimizer state (sharded, async), each process's
-data-iterator state (grain), and the run's config beside them as JSON.
+"""Checkpoints with orbax: parameters and optimizer state (sharded, async) and each process's
+data-iterator state (grain); the run's config.json beside them is workdir.py's.
 
-Layout: <workdir>/config.json and <workdir>/checkpoints/<step>/{state,data}. The training loop,
+Layout: <workdir>/checkpoints/<step>/{state,data}. The training loop,
 the analysis and the notebooks all go through `Checkpointer` (the analysis opens it read-only
 and restores the parameters alone). The save cadence is orbax's: every `every` steps, plus the
 last step and preemption (PreemptionCheckpointingPolicy: a TPU/GPU cluster's preemption notice
@@ -13,16 +13,12 @@ exact and independent of the sharding) and refuses non-finite state; every resto
 and compares them. A newest step that is corrupt, partial or empty is set aside (renamed
 `<step>.unusable`, never deleted) with a warning, and the next older one is used.
 
-A checkpoint without a `data` item is a warm start (an import, or `train.init_from`): the loop
-restores its parameters alone and starts a fresh optimizer and data iterator. A workdir whose
-saved config is incompatible with the current one is refused, never overwritten
-(`check_or_write_config`), and so is a resumption that changes what the data iterator's saved
-position depends on.
+A checkpoint without a `data` item is a warm start (an import): the loop restores its
+parameters alone and starts a fresh optimizer and data iterator.
 """
 
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 
@@ -30,120 +26,11 @@ from absl import logging as absl_logging
 import grain
 import jax
 import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 
-from configs import base as base_config
-from gated_attention.errors import UserError
+from gated_attention.errors import CheckpointError
 
-CONFIG_FILE = 'config.json'
 CHECKPOINTS_DIR = 'checkpoints'
-# Config fields that may change between a run and its resumption (they do not change what the
-# checkpoint holds); any other difference in config.model or these data fields is refused.
-MODEL_FREE = ('remat', 'attention_impl', 'dtype')
-DATA_FIXED = ('tokenizer',)
-# What the saved position of the data iterator depends on: a resumption may not change it (a
-# warm start, which has no saved position, may).
-ITERATOR_FIELDS = ('seed', 'train.batch_size', 'data.seq_len', 'data.source', 'data.path',
-                   'data.hf_config', 'data.hf_split', 'data.text_field', 'data.val_fraction',
-                   'data.shuffle_buffer', 'data.task', 'data.synthetic')
-
-
-class CheckpointError(UserError, ValueError):
-  """A run directory or checkpoint that cannot be used; the message says what to do."""
-
-
-def _flatten(d, prefix=''):
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flatten(v, f'{prefix}{k}.'))
-    else:
-      out[f'{prefix}{k}'] = v
-  return out
-
-
-def config_differences(saved: dict, current: dict) -> list[str]:
-  """Fields that make a saved run incompatible with the current config."""
-  diffs = []
-  saved_m = {k: v for k, v in _flatten(saved.get('model', {})).items() if k not in MODEL_FREE}
-  cur_m = {k: v for k, v in _flatten(current['model']).items() if k not in MODEL_FREE}
-  for k in sorted(set(saved_m) | set(cur_m)):
-    if saved_m.get(k) != cur_m.get(k):
-      diffs.append(f'model.{k}: saved {saved_m.get(k)!r}, now {cur_m.get(k)!r}')
-  for k in DATA_FIXED:
-    a, b = saved.get('data', {}).get(k), current['data'].get(k)
-    if a != b:
-      diffs.append(f'data.{k}: saved {a!r}, now {b!r}')
-  return diffs
-
-
-def _get(config: dict, path: str):
-  node = config
-  for part in path.split('.'):
-    if not isinstance(node, dict) or part not in node:
-      return None
-    node = node[part]
-  return node
-
-
-def iterator_differences(saved: dict, current: dict) -> list[str]:
-  """Settings the data iterator's saved position depends on that differ."""
-  return [f'{k}: saved {_get(saved, k)!r}, now {_get(current, k)!r}'
-          for k in ITERATOR_FIELDS if _get(saved, k) != _get(current, k)]
-
-
-def read_saved_config(workdir: str) -> dict | None:
-  """The run's config.json overlaid on today's defaults (None when there is none)."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    return None
-  try:
-    with open(path) as f:
-      return base_config.from_saved(json.load(f)).to_dict()
-  except (OSError, ValueError) as e:
-    raise CheckpointError(f'{path} is unreadable ({e}); use a new --workdir.') from e
-
-
-def check_workdir(workdir: str):
-  """A workdir that is a file, or a directory we cannot write, is refused before any work."""
-  workdir = os.path.abspath(workdir)
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise CheckpointError(f'--workdir={workdir} is a file, not a directory; pass a directory '
-                          '(it is created if missing).')
-  probe = workdir
-  while not os.path.exists(probe):
-    probe = os.path.dirname(probe)
-  if not os.access(probe, os.W_OK | os.X_OK):
-    raise CheckpointError(f'--workdir={workdir}: {probe} is not writable; pass a directory you '
-                          'can write to.')
-
-
-def check_or_write_config(workdir: str, config, *, resuming_data: bool = False):
-  """Refuses a workdir holding an incompatible run; writes config.json (process 0). With
-  `resuming_data` (the latest checkpoint holds the data iterator's position), a change of
-  what that position depends on is refused too."""
-  workdir = os.path.abspath(workdir)
-  check_workdir(workdir)
-  config_dict = json.loads(config.to_json())
-  saved = read_saved_config(workdir)
-  if saved is not None:
-    diffs = config_differences(saved, config_dict)
-    what = 'an incompatible config'
-    if not diffs and resuming_data:
-      diffs, what = iterator_differences(saved, config_dict), 'other data settings'
-    if diffs:
-      raise CheckpointError(
-          f'--workdir={workdir} holds a run with {what}:\n  ' + '\n  '.join(diffs) +
-          f'\nTo continue that run, use its saved config: --config=configs/from_run.py:{workdir}'
-          ' (overrides that keep these values are fine). To train with the new settings from its '
-          f'weights, use a new --workdir and --config.train.init_from={workdir}.')
-  if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, CONFIG_FILE)
-    with open(path + '.tmp', 'w') as f:
-      json.dump(config_dict, f, indent=2)
-    os.replace(path + '.tmp', path)
 
 
 @contextlib.contextmanager

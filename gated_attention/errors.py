@@ -10,3 +10,7 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
   """A config value that cannot work (names the --config field)."""
+
+
+class CheckpointError(UserError, ValueError):
+  """A run directory or checkpoint that cannot be used; the message says what to do."""

@@ -19,11 +19,12 @@ import jax
 
 import input_pipeline
 from gated_attention import checkpoint as ckpt_lib
+from gated_attention import workdir as workdir_lib
 from gated_attention import evaluate as eval_lib
 from gated_attention import model as model_lib
 from gated_attention import sharding, stability
 from gated_attention import train as train_lib
-from gated_attention.errors import ConfigError, UserError
+from gated_attention.errors import CheckpointError, ConfigError, UserError
 from gated_attention.reporting import MetricsWriter, Progress, Throughput
 
 
@@ -122,7 +123,7 @@ def _init_from(run: _Run, source: str):
   try:
     step = other.latest_step()
     if step is None:
-      raise ckpt_lib.CheckpointError(f'--config.train.init_from={source}: no checkpoint there.')
+      raise CheckpointError(f'--config.train.init_from={source}: no checkpoint there.')
     run.params = other.restore_params(step, run.setup.abstract_params)
   finally:
     other.close()
@@ -140,13 +141,13 @@ def _start(config, workdir: str) -> _Run:
   checkpoint."""
   tc = config.train
   check_loop_config(config)
-  ckpt_lib.check_workdir(workdir)
+  workdir_lib.check_workdir(workdir)
   data = _build_data(config)
   setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
   checkpointer = ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
                                        keep=tc.keep_checkpoints)
   latest = checkpointer.latest_step()
-  ckpt_lib.check_or_write_config(
+  workdir_lib.check_or_write_config(
       workdir, config, resuming_data=latest is not None and checkpointer.has_data(latest))
   run = _Run(config, workdir, data, setup, checkpointer, MetricsWriter(workdir),
              stability.Guard(tc, config.model.vocab_size))

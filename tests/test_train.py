@@ -13,6 +13,7 @@ import pytest
 
 from configs import base
 from gated_attention import checkpoint as ckpt_lib
+from gated_attention import workdir as workdir_lib
 from gated_attention import loop, sharding
 from gated_attention import train as train_lib
 import input_pipeline
@@ -195,19 +196,19 @@ def test_run_saved_by_older_code_still_resumes(tmp_path):
   """A config.json without fields added since (they take their defaults) is compatible."""
   workdir = str(tmp_path / 'old')
   cfg = tiny_config()
-  ckpt_lib.check_or_write_config(workdir, cfg)
+  workdir_lib.check_or_write_config(workdir, cfg)
   path = os.path.join(workdir, 'config.json')
   with open(path) as f:
     saved = json.load(f)
   del saved['model']['ffn_match_baseline'], saved['analysis']
   with open(path, 'w') as f:
     json.dump(saved, f)
-  ckpt_lib.check_or_write_config(workdir, cfg)
+  workdir_lib.check_or_write_config(workdir, cfg)
   saved['model']['ffn_match_baseline'] = True
   with open(path, 'w') as f:
     json.dump(saved, f)
   with pytest.raises(ckpt_lib.CheckpointError, match='ffn_match_baseline'):
-    ckpt_lib.check_or_write_config(workdir, cfg)
+    workdir_lib.check_or_write_config(workdir, cfg)
 
 
 def test_chunked_loss_equals_the_whole_loss():

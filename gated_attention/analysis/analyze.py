@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 
 from configs import base as base_config
-from gated_attention import checkpoint as ckpt_lib
+from gated_attention import workdir as workdir_lib
 from gated_attention import evaluate as eval_lib
 from gated_attention import gating
 from gated_attention import train as train_lib
@@ -63,7 +63,8 @@ def _cli_overrides() -> tuple[dict, bool]:
 def _fixed(path: str) -> bool:
   """Whether the checkpoint fixes this config field (the model's structure, the tokenizer)."""
   parts = path.split('.')
-  return (parts[0] == 'model' and parts[1] not in ckpt_lib.MODEL_FREE) or path == 'data.tokenizer'
+  return ((parts[0] == 'model' and parts[1] not in workdir_lib.MODEL_FREE)
+          or path == 'data.tokenizer')
 
 
 def _saved_value(saved, path: str):
@@ -95,7 +96,7 @@ def analysis_config(saved, overrides: dict) -> ml_collections.ConfigDict:
         'These overrides change what the checkpoint fixes (the model, or the tokenizer it was '
         'trained on): ' + ', '.join(f'--config.{p}={overrides[p]!r} (saved: '
                                     f'{_saved_value_or_none(saved, p)!r})' for p in diffs) +
-        f'. Drop them; only model.{", model.".join(ckpt_lib.MODEL_FREE)} and the data / batch '
+        f'. Drop them; only model.{", model.".join(workdir_lib.MODEL_FREE)} and the data / batch '
         'settings may differ from the run\'s saved config.')
   try:
     cfg.update_from_flattened_dict(flat)
@@ -155,7 +156,7 @@ def _prepare(config, workdir, overrides, options):
     overrides, config_given = _cli_overrides() if config is not None else ({}, False)
   opts = _options(config, overrides, options)
   if config_given and config is not None:
-    diffs = ckpt_lib.config_differences(saved.to_dict(), json.loads(config.to_json()))
+    diffs = workdir_lib.config_differences(saved.to_dict(), json.loads(config.to_json()))
     if diffs:
       print(f'Note: analysing with the run\'s saved config ({saved.variant}); the --config file '
             f'differs from it ({diffs[0]}{"..." if len(diffs) > 1 else ""}) and is ignored.')

@@ -17,6 +17,8 @@ import time
 import jax
 
 from gated_attention import checkpoint as ckpt_lib
+from gated_attention import workdir as workdir_lib
+from gated_attention.errors import CheckpointError
 from gated_attention import train as train_lib
 from gated_attention.analysis import runs
 from gated_attention.hf import convert, hf_config
@@ -34,20 +36,21 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
   'data.source': ...}) apply to the run config (not to the architecture). Refuses a workdir that
   holds a run, before anything is written."""
   t0 = time.time()
-  ckpt_lib.check_workdir(workdir)
-  if os.path.exists(os.path.join(workdir, ckpt_lib.CONFIG_FILE)) or runs.checkpoint_steps(workdir):
-    raise ckpt_lib.CheckpointError(f'--workdir={workdir} already holds a run; import into a new '
+  workdir_lib.check_workdir(workdir)
+  saved = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+  if os.path.exists(saved) or runs.checkpoint_steps(workdir):
+    raise CheckpointError(f'--workdir={workdir} already holds a run; import into a new '
                                    'directory.')
   config, params = convert.load_hf(hf_dir)
   fixed = [k for k in overrides or {} if k.startswith('model.')
-           and k.split('.')[1] not in ckpt_lib.MODEL_FREE]
+           and k.split('.')[1] not in workdir_lib.MODEL_FREE]
   if fixed:
-    raise ckpt_lib.CheckpointError(f'{", ".join(fixed)}: the architecture of an import comes '
+    raise CheckpointError(f'{", ".join(fixed)}: the architecture of an import comes '
                                    f'from {hf_dir}/config.json and cannot be overridden.')
   config.update_from_flattened_dict(dict(overrides or {}))
   t_read = time.time() - t0
   train_lib.Setup(config, runs.build_mesh(config))   # validates the config on this machine
-  ckpt_lib.check_or_write_config(workdir, config)
+  workdir_lib.check_or_write_config(workdir, config)
   count = int(sum(x.size for x in jax.tree.leaves(params)))
   checkpointer = ckpt_lib.Checkpointer(workdir)
   try:
