@@ -81,8 +81,10 @@ def _parse_flags(argv):
 def main(argv):
   if not FLAGS['verbosity'].present:  # orbax logs every save at INFO; -v 0 shows it again
     logging.set_verbosity(logging.WARNING)
+  from gated_attention import console  # pylint: disable=g-import-not-at-top
   try:
-    dispatch(FLAGS.config, argv[1:])
+    with console.without_event_loop_noise():
+      dispatch(FLAGS.config, argv[1:])
   except UserError as e:  # a setting, file or run directory that cannot work: one paragraph
     if FLAGS.verbosity >= 1 or os.environ.get('GATED_ATTENTION_TRACEBACK'):
       raise
@@ -103,6 +105,19 @@ def _train_config(config, workdir: str):
         f'({resumed.variant}:{resumed.scale}{", with overrides " if overrides else ""}'
         f'{", ".join(f"{k}={v}" for k, v in overrides.items())}).', flush=True)
   return resumed
+
+
+def _libraries_log_to(log_dir: str):
+  """The libraries' own log records (orbax's warnings, an asynchronous save's error logs with
+  their tracebacks) go to files in `log_dir`, not the console: the console keeps the progress and
+  our one-paragraph errors. --verbosity=... keeps everything on the console."""
+  import logging as std_logging  # pylint: disable=g-import-not-at-top
+  try:
+    os.makedirs(log_dir, exist_ok=True)
+  except OSError:
+    return  # an unwritable workdir: the run refuses it with a clear message of its own
+  logging.get_absl_handler().use_absl_log_file('main', log_dir)
+  std_logging.raiseExceptions = False  # a full disk: no "--- Logging error ---" on the console
 
 
 def _interop():
@@ -144,6 +159,8 @@ def dispatch(config, rest):
       return _interop()
     from gated_attention import distributed  # pylint: disable=g-import-not-at-top
     distributed.initialize(config.distributed)
+    if FLAGS.mode in ('train', 'import') and not FLAGS['verbosity'].present:
+      _libraries_log_to(os.path.join(FLAGS.workdir, 'logs'))
     if FLAGS.mode == 'train':
       from gated_attention import loop  # pylint: disable=g-import-not-at-top
       loop.run(_train_config(config, FLAGS.workdir), FLAGS.workdir)

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from gated_attention import console
 from gated_attention.errors import CheckpointError
 
 CHECKPOINTS_DIR = 'checkpoints'
@@ -67,36 +68,6 @@ def integrity(tree) -> tuple[dict[str, int], list[str]]:
     if not finite:
       bad.append(key)
   return sums, bad
-
-
-_ASYNC_NOISE = ('Traceback (most recent call last):', 'asyncio/base_events.py',
-                'self._check_closed()', "raise RuntimeError('Event loop is closed')",
-                'RuntimeError: Event loop is closed')
-
-
-@contextlib.contextmanager
-def _stderr_without_async_noise():
-  """A restore that fails leaves tensorstore reads in flight whose callbacks hit orbax's closed
-  event loop and print one traceback each (at the C level, dozens): keep stderr (fd 2) in a
-  file while restoring and pass on everything but those lines."""
-  import sys  # pylint: disable=g-import-not-at-top
-  import tempfile  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile(mode='w+') as tmp:
-    os.dup2(tmp.fileno(), 2)
-    try:
-      yield
-    finally:
-      time.sleep(0.05)  # the failed reads' callbacks land within milliseconds
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
-      tmp.seek(0)
-      kept = [l for l in tmp.read().splitlines(keepends=True)
-              if not any(n in l for n in _ASYNC_NOISE)]
-      sys.stderr.write(''.join(kept))
 
 
 def _dir_bytes(path: str) -> int:
@@ -287,7 +258,7 @@ class Checkpointer:
     for step in reversed(self.all_steps()):
       self._check_processes(step)
       try:
-        with _stderr_without_async_noise(), _quiet_orbax():
+        with console.without_event_loop_noise(), _quiet_orbax():
           return self._restore(step, abstract_state, data_iter)
       except CheckpointError as e:
         moved = self.set_aside(step)
