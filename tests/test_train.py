@@ -234,3 +234,17 @@ def test_chunked_loss_equals_the_whole_loss():
   with pytest.raises(ValueError, match='loss_chunk_size'):
     c = tiny_config(**{'train.loss_chunk_size': 5})
     train_lib.Setup(c, sharding.build_mesh(c.mesh))
+
+
+def test_init_from_starts_a_new_run_from_another_runs_weights(trained, tmp_path, capsys):
+  """train.init_from: the other run's latest parameters, a fresh optimizer and data iterator
+  (here with another seed, which a resumption of that run would refuse)."""
+  source, _ = trained
+  workdir = str(tmp_path / 'warm')
+  loop.run(tiny_config(**{'train.init_from': source, 'seed': 3, 'train.steps': 2,
+                          'train.eval_every': 2, 'train.checkpoint_every': 2}), workdir)
+  assert f'Initialised from {source} (step 40)' in capsys.readouterr().out
+  warm, scratch = read_metrics(workdir), read_metrics(source)
+  assert sorted(warm) == [1, 2]
+  assert warm[1]['loss'] < scratch[1]['loss'] - 1.5       # it starts where the source ended
+  assert abs(warm[1]['loss'] - scratch[40]['loss']) < 0.5
