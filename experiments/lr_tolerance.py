@@ -13,7 +13,7 @@ means.
 
 SEEDS = [0]
 VARIANTS = ['baseline', 'g1_elementwise']
-GRID = {'train.learning_rate': [1e-2, 3e-2, 1e-1, 3e-1]}
+GRID = {'train.learning_rate': [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0]}
 OVERRIDES = {
     'train.steps': 400,
     'train.eval_every': 200,
