@@ -38,4 +38,4 @@ OVERRIDES = {
     'train.checkpoint_every': 500,
 }
 COLUMNS = ['val_loss', 'f_attn_layers', 'f_attn_max', 'm_act_mean', 'gate_score_mean',
-           'train_minutes']
+           'loss_spikes', 'train_minutes']
