@@ -150,11 +150,15 @@ def _now() -> str:
 
 
 def git_commit() -> str:
-  """The checkout's commit, marked when the working tree has uncommitted changes."""
+  """The checkout's commit, marked when the working tree has uncommitted changes.
+
+  docs/ is left out: the runner writes results.md and the figures there itself.
+  """
   def git(*a):
     return subprocess.run(['git', *a], cwd=spec.REPO, capture_output=True, text=True).stdout
   commit = git('rev-parse', '--short', 'HEAD').strip() or 'unknown'
-  return commit + (' (with uncommitted changes)' if git('status', '--porcelain').strip() else '')
+  changed = git('status', '--porcelain', '--', '.', ':(exclude)docs').strip()
+  return commit + (' (with uncommitted changes)' if changed else '')
 
 
 def print_commands(experiment, runs, out: str, args):
