@@ -198,9 +198,18 @@ def _header(experiment, results, wall_seconds: float) -> str:
   command = spec.shell(['-m', 'experiments.run', path], 'python')
   return (f'## {experiment.title}\n\n{experiment.description}\n\n'
           f'Command: `{command}` (scale `{experiment.scale}`, {len(experiment.runs)} runs)  \n'
-          f'Commit: `{git_commit()}`, {_now()}  \n'
+          f'Commit: {_commits(results)}, {_now()}  \n'
           f'Wall time: {train / 60:.1f} min of training and analysis summed over runs; '
           f'this invocation {wall_seconds / 60:.1f} min.').replace('\n\n\n', '\n\n')
+
+
+def _commits(results) -> str:
+  """The commit the table is made at, and the ones its runs were trained at when they differ."""
+  now = git_commit()
+  trained = sorted({r.runner['git_commit'] for r in results if r.runner.get('git_commit')})
+  if not trained or trained == [now]:
+    return f'`{now}`'
+  return f'`{now}` (runs trained at {", ".join(f"`{c}`" for c in trained)})'
 
 
 def _publish(experiment, out: str, results_path: str, body: str):

@@ -126,3 +126,12 @@ def test_mean_and_std_cells():
   assert report._cell([0.5, None], '.1f') == '0.5'
   assert report._cell([[0.1, 0.9], [0.3, 0.7]], '.1f') == '0.2 / 0.8'
   assert report._cell([None], '.1f') == '-'
+
+
+def test_commit_line_names_the_training_commits(monkeypatch):
+  monkeypatch.setattr(run, 'git_commit', lambda: 'abc1234')
+  res = lambda c: report.Result(run=None, runner={'git_commit': c} if c else {}, report=None,
+                                rows=[])
+  assert run._commits([res('abc1234'), res(None)]) == '`abc1234`'
+  assert run._commits([res('0d38440'), res('abc1234'), res('0d38440')]) == (
+      '`abc1234` (runs trained at `0d38440`, `abc1234`)')
