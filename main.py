@@ -159,7 +159,7 @@ def dispatch(config, rest):
       return _interop()
     from gated_attention import distributed  # pylint: disable=g-import-not-at-top
     distributed.initialize(config.distributed)
-    if FLAGS.mode in ('train', 'import') and not FLAGS['verbosity'].present:
+    if FLAGS.mode == 'train' and not FLAGS['verbosity'].present:
       _libraries_log_to(os.path.join(FLAGS.workdir, 'logs'))
     if FLAGS.mode == 'train':
       from gated_attention import loop  # pylint: disable=g-import-not-at-top

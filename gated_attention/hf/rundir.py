@@ -40,13 +40,13 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
   saved = os.path.join(workdir, workdir_lib.CONFIG_FILE)
   if os.path.exists(saved) or runs.checkpoint_steps(workdir):
     raise CheckpointError(f'--workdir={workdir} already holds a run; import into a new '
-                                   'directory.')
+                          'directory.')
   config, params = convert.load_hf(hf_dir)
   fixed = [k for k in overrides or {} if k.startswith('model.')
            and k.split('.')[1] not in workdir_lib.MODEL_FREE]
   if fixed:
     raise CheckpointError(f'{", ".join(fixed)}: the architecture of an import comes '
-                                   f'from {hf_dir}/config.json and cannot be overridden.')
+                          f'from {hf_dir}/config.json and cannot be overridden.')
   config.update_from_flattened_dict(dict(overrides or {}))
   t_read = time.time() - t0
   train_lib.Setup(config, runs.build_mesh(config))   # validates the config on this machine
