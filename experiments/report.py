@@ -38,11 +38,6 @@ def _last_train_loss(res: Result):
   return losses[-1] if losses else None
 
 
-def _spikes(res: Result):
-  """Loss spikes the training loop's guard logged (metrics.jsonl rows with split 'spike')."""
-  return sum(r.get('split') == 'spike' for r in res.rows)
-
-
 def _from_report(key, reduce=None):
   def get(res: Result):
     if res.report is None or res.report.get(key) is None:
@@ -67,17 +62,23 @@ METRICS = {
     'm_act_mean': ('M-Act', _from_report('m_act_mean'), '.1f'),
     'm_act_layers': ('M-Act per layer', _from_report('m_act', lambda m: m['ffn_residual']), '.0f'),
     'gate_score_mean': ('gate score', _from_report('gate_score_mean'), '.3f'),
-    'loss_spikes': ('loss spikes', _spikes, '.1f'),
+    # the guard's spikes as the analysis counts them (metrics.stability, every attempt's rows)
+    'loss_spikes': ('loss spikes', _from_report('stability', lambda s: s['spikes']), '.1f'),
     'train_minutes': ('train min', _seconds('train_seconds'), '.1f'),
 }
 
 
-def read(run, workdir: str) -> Result:
+def read_runner(workdir: str) -> dict:
+  """The run's runner.json ({} when there is none)."""
   path = os.path.join(workdir, RUNNER_FILE)
-  runner = {}
-  if os.path.isfile(path):
-    with open(path) as f:
-      runner = json.load(f)
+  if not os.path.isfile(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def read(run, workdir: str) -> Result:
+  runner = read_runner(workdir)
   report_path = os.path.join(workdir, runs_lib.ANALYSIS_DIR, 'report.json')
   report = None
   if runner.get('status') == 'done' and os.path.isfile(report_path):

@@ -67,14 +67,6 @@ def _workdir(out: str, run) -> str:
   return os.path.join(out, 'runs', run.name)
 
 
-def _read_runner(workdir: str) -> dict:
-  path = os.path.join(workdir, report.RUNNER_FILE)
-  if not os.path.isfile(path):
-    return {}
-  with open(path) as f:
-    return json.load(f)
-
-
 def _write_runner(workdir: str, state: dict):
   path = os.path.join(workdir, report.RUNNER_FILE)
   with open(path + '.tmp', 'w') as f:
@@ -120,7 +112,7 @@ def execute(experiment, run, out: str) -> dict:
   workdir = _workdir(out, run)
   train_args = run.train_args(experiment.scale, workdir)
   analyze_args = experiment.analyze_args(workdir)
-  state = _read_runner(workdir)
+  state = report.read_runner(workdir)
   if (state.get('status') in ('done', 'diverged')
       and state.get('command') == spec.shell(train_args, 'python')):
     return state  # finished (a diverged run diverges again: rerun it by deleting runner.json)
