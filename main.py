@@ -8,6 +8,7 @@
   python main.py --config=configs/baseline.py:moe_15a2b --mode=compile --topology=v5p:4x4x4
   python main.py --mode=import --hf=/data/1B_gate_headwise --workdir=runs/hf_headwise
   python main.py --mode=export --workdir=runs/g1_headwise --out=out/g1_headwise_hf
+  python main.py --mode=sample --workdir=runs/g1 --prompt="The cat" --max_new_tokens=100
 Any config field can be overridden: --config.train.steps=100 --config.model.num_layers=2.
 """
 
@@ -46,7 +47,7 @@ except (AttributeError, KeyError, TypeError, ValueError) as error:
   _bad_override(error)
 flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, metrics, analysis.')
 flags.DEFINE_enum('mode', 'train', ['train', 'params', 'analyze', 'compare', 'memory', 'compile',
-                                     'import', 'export'], 'What to do.')
+                                     'import', 'export', 'sample'], 'What to do.')
 flags.DEFINE_string('topology', None, '--mode=compile: a TPU topology name, e.g. v5p:4x4x4.')
 flags.DEFINE_string('out', None, '--mode=compare: output directory (default: compare/); '
                     '--mode=export: the Hugging Face directory to write.')
@@ -55,6 +56,12 @@ flags.DEFINE_enum('export_dtype', 'float32', ['float32', 'bfloat16'],
                   '--mode=export: the dtype of the written weights.')
 flags.DEFINE_string('remote_code_dir', None, '--mode=export of a G1 gate: a directory holding the '
                     "authors' modeling_qwen3.py / configuration_qwen3.py to copy beside it.")
+flags.DEFINE_multi_string('prompt', [], '--mode=sample: a prompt (repeat for a batch).')
+flags.DEFINE_integer('max_new_tokens', 128, '--mode=sample: tokens to generate per prompt.')
+flags.DEFINE_float('temperature', 0.0, '--mode=sample: 0 is greedy; above 0 samples.')
+flags.DEFINE_float('top_p', 1.0, '--mode=sample: nucleus sampling keeps this probability mass.')
+flags.DEFINE_integer('sample_seed', 0, '--mode=sample: the seed of the samples.')
+flags.DEFINE_integer('step', None, '--mode=sample: the checkpoint step (default: the latest).')
 FLAGS = flags.FLAGS
 
 
@@ -164,6 +171,12 @@ def dispatch(config, rest):
     if FLAGS.mode == 'train':
       from gated_attention import loop  # pylint: disable=g-import-not-at-top
       loop.run(_train_config(config, FLAGS.workdir), FLAGS.workdir)
+    elif FLAGS.mode == 'sample':
+      from gated_attention import generate  # pylint: disable=g-import-not-at-top
+      generate.sample_command(
+          FLAGS.workdir, FLAGS.prompt, max_new_tokens=FLAGS.max_new_tokens,
+          temperature=FLAGS.temperature, top_p=FLAGS.top_p, seed=FLAGS.sample_seed,
+          overrides=dict(getattr(FLAGS['config'], 'override_values', None) or {}), step=FLAGS.step)
     else:
       from gated_attention.analysis import analyze  # pylint: disable=g-import-not-at-top
       analyze.run(config, FLAGS.workdir)

@@ -7,6 +7,12 @@ Training calls `jax.nn.dot_product_attention` (cuDNN flash attention on GPU). Vi
 `inspect=True` (model.inspect) the probabilities are computed explicitly and summarised with
 `sow`: F-Attn per head, a head-averaged attention map and the SDPA output's sparsity before and
 after the gate (Qiu et al. 2025, Sec. 4.2 and 4.3).
+
+With a KV cache (`kv` = {'k', 'v'}: [B, S, K, d] each, generate.py), the new tokens' keys and
+values are written at their positions and the queries attend to cache slots at or before their
+own position: chunked prefill and one-token decoding, with per-sequence positions. Slots after a
+query's position (unwritten, or a right-padded prompt's padding) are masked by causality alone,
+because every slot up to the largest position in a call has been written by then.
 """
 
 import jax
@@ -20,18 +26,32 @@ from gated_attention.rope import RoPE
 ATTN_MAP_LEN = 128  # the inspect path records attention maps of the first positions only
 
 
-def explicit_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd):
-  """Causal softmax attention written out; returns (output, probs_BxHxTxT in float32)."""
+def explicit_attention(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, q_positions_BxT=None):
+  """Causal softmax attention written out; returns (output, probs_BxHxTxS in float32).
+
+  Key s sits at position s. Without `q_positions_BxT`, query t sits at position t (S == T);
+  with it, each query attends to the keys at or before its position (a KV cache)."""
   B, T, H, d = q_BxTxHxd.shape
-  K = k_BxTxKxd.shape[2]
+  S, K = k_BxSxKxd.shape[1], k_BxSxKxd.shape[2]
   q_BxTxKxGxd = q_BxTxHxd.reshape(B, T, K, H // K, d)
-  logits = jnp.einsum('btkgd,bskd->bkgts', q_BxTxKxGxd, k_BxTxKxd,
+  logits = jnp.einsum('btkgd,bskd->bkgts', q_BxTxKxGxd, k_BxSxKxd,
                       preferred_element_type=jnp.float32) / jnp.sqrt(d).astype(jnp.float32)
-  causal_TxT = jnp.tril(jnp.ones((T, T), bool))
-  logits = jnp.where(causal_TxT, logits, jnp.finfo(jnp.float32).min)
-  probs_BxKxGxTxT = jax.nn.softmax(logits, axis=-1)
-  out = jnp.einsum('bkgts,bskd->btkgd', probs_BxKxGxTxT.astype(v_BxTxKxd.dtype), v_BxTxKxd)
-  return out.reshape(B, T, H, d), probs_BxKxGxTxT.reshape(B, H, T, T)
+  if q_positions_BxT is None:
+    causal = jnp.tril(jnp.ones((T, S), bool))
+  else:
+    causal = (jnp.arange(S)[None, None, :] <= q_positions_BxT[:, :, None])[:, None, None]
+  logits = jnp.where(causal, logits, jnp.finfo(jnp.float32).min)
+  probs_BxKxGxTxS = jax.nn.softmax(logits, axis=-1)
+  out = jnp.einsum('bkgts,bskd->btkgd', probs_BxKxGxTxS.astype(v_BxSxKxd.dtype), v_BxSxKxd)
+  return out.reshape(B, T, H, d), probs_BxKxGxTxS.reshape(B, H, T, S)
+
+
+def write_cache(cache_BxSxKxd: jax.Array, new_BxTxKxd: jax.Array, start_B: jax.Array):
+  """The cache with sequence b's T new entries written at slots start_B[b] .. start_B[b]+T-1."""
+  def write_one(cache_SxKxd, new_TxKxd, start):
+    return jax.lax.dynamic_update_slice(cache_SxKxd, new_TxKxd.astype(cache_SxKxd.dtype),
+                                        (start, 0, 0))
+  return jax.vmap(write_one)(cache_BxSxKxd, new_BxTxKxd, start_B)
 
 
 def sparsity(y: jax.Array) -> dict:
@@ -60,7 +80,9 @@ class Attention(Inspectable, nnx.Module):
     self.attn_map_len = ATTN_MAP_LEN
     self.inspect = False
 
-  def __call__(self, x_BxTxD: jax.Array, positions_BxT: jax.Array) -> jax.Array:
+  def __call__(self, x_BxTxD: jax.Array, positions_BxT: jax.Array, kv=None):
+    """Returns (output [B, T, D], kv): the cache with this call's keys and values written at
+    `positions_BxT` (consecutive per sequence), or None without a cache (training)."""
     dt, gate = self.dtype, self.gate
     q = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wq[...].astype(dt))
     k = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wk[...].astype(dt))
@@ -72,7 +94,11 @@ class Attention(Inspectable, nnx.Module):
     q, k = gate('q_rope', q, x_BxTxD), gate('k_rope', k, x_BxTxD)
     q = sharding.constrain(q, ('batch', 'seq', 'act_heads', 'head_dim'))
 
-    if self.inspect:
+    if kv is not None:
+      start_B = positions_BxT[:, 0]
+      kv = {'k': write_cache(kv['k'], k, start_B), 'v': write_cache(kv['v'], v, start_B)}
+      y_BxTxHxd, _ = explicit_attention(q, kv['k'], kv['v'], positions_BxT)
+    elif self.inspect:
       y_BxTxHxd = self._inspected_attention(q, k, v)
     else:
       y_BxTxHxd = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.impl)
@@ -80,7 +106,7 @@ class Attention(Inspectable, nnx.Module):
     if self.inspect:
       self.sow(nnx.Intermediate, 'sdpa_post_gate', sparsity(y_BxTxHxd))
     out_BxTxD = jnp.einsum('bthk,hkd->btd', y_BxTxHxd, self.wo[...].astype(dt))
-    return gate('out', out_BxTxD, x_BxTxD)
+    return gate('out', out_BxTxD, x_BxTxD), kv
 
   def _inspected_attention(self, q, k, v) -> jax.Array:
     """Explicit attention, sowing F-Attn per head (queries 1..T-1), the head-averaged map of

@@ -3,6 +3,7 @@
     model = Transformer(ModelConfig.from_config(config.model), rngs=nnx.Rngs(0))
     logits_BxTxV, ffn_aux = model(tokens_BxT)
     logits_BxTxV, stats = inspect(model, tokens_BxT)      # + the analysis statistics
+    logits_BxTxV, kv = model.decode(tokens_BxT, start_B, kv)  # with a KV cache (generate.py)
 
 Blocks are created once with `nnx.vmap` (parameters stacked on a leading 'layers' axis) and run
 with `nnx.scan`, so a 48-layer model compiles like a 1-layer one.
@@ -55,8 +56,10 @@ class Block(Inspectable, nnx.Module):
     self.ffn_post_norm = RMSNorm(D, eps=eps) if cfg.sandwich_norm else None
     self.inspect = False
 
-  def __call__(self, h_BxTxD, positions_BxT, pooled=None):
-    attn_out = self.attn(self.attn_norm(h_BxTxD), positions_BxT)
+  def __call__(self, h_BxTxD, positions_BxT, pooled=None, kv=None):
+    """Returns (h_out, (aux, kv)): the FFN's aux outputs and the attention's KV cache (None
+    without one)."""
+    attn_out, kv = self.attn(self.attn_norm(h_BxTxD), positions_BxT, kv)
     if self.attn_post_norm is not None:
       attn_out = self.attn_post_norm(attn_out)
     h_attn = sharding.constrain(h_BxTxD + attn_out, ('batch', 'seq', 'embed'))
@@ -67,7 +70,7 @@ class Block(Inspectable, nnx.Module):
     if self.inspect:  # M-Act (Qiu et al. 2025, Sec. 4.3) at the four sites of the block
       sites = dict(zip(M_ACT_SITES, (attn_out, h_attn, ffn_out, h_out)))
       self.sow(nnx.Intermediate, 'm_act', {k: _where_max_abs(v) for k, v in sites.items()})
-    return h_out, aux
+    return h_out, (aux, kv)
 
 
 class Transformer(nnx.Module):
@@ -97,20 +100,32 @@ class Transformer(nnx.Module):
     pooled statistics [L, ...] over all micro-batches (train.py), or None."""
     B, T = tokens_BxT.shape
     positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    h_BxTxD = sharding.constrain(self.embed(tokens_BxT), ('batch', 'seq', 'embed'))
-
-    def body(h, block, pooled_layer):
-      return block(h, positions_BxT, pooled_layer)
-
-    if self.cfg.remat != 'none':
-      body = nnx.remat(body, policy=REMAT_POLICIES[self.cfg.remat])
-    scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0))
-    h_BxTxD, aux = scan(h_BxTxD, self.blocks, pooled)
-
+    h_BxTxD, (aux, _) = self._blocks(tokens_BxT, positions_BxT, pooled, None)
     h_BxTxD = self.final_norm(h_BxTxD)
     if return_hidden:
       return h_BxTxD, aux
     return self.logits(h_BxTxD, self.head_kernel()), aux
+
+  def decode(self, tokens_BxT: jax.Array, start_B: jax.Array, kv: dict) -> tuple[jax.Array, dict]:
+    """With a KV cache (generate.py): sequence b's tokens sit at positions start_B[b] + t; the
+    cache {'k', 'v'} [L, B, S, K, d] has every slot before start_B[b] written. Returns float32
+    logits [B, T, V] and the cache with these tokens written."""
+    T = tokens_BxT.shape[1]
+    positions_BxT = start_B[:, None].astype(jnp.int32) + jnp.arange(T, dtype=jnp.int32)
+    h_BxTxD, (_, kv) = self._blocks(tokens_BxT, positions_BxT, None, kv)
+    return self.logits(self.final_norm(h_BxTxD), self.head_kernel()), kv
+
+  def _blocks(self, tokens_BxT, positions_BxT, pooled, kv):
+    """Embedding and the scanned blocks: (h [B, T, D], (aux [L, ...], kv [L, ...] or None))."""
+    h_BxTxD = sharding.constrain(self.embed(tokens_BxT), ('batch', 'seq', 'embed'))
+
+    def body(h, block, pooled_layer, kv_layer):
+      return block(h, positions_BxT, pooled_layer, kv_layer)
+
+    if self.cfg.remat != 'none':
+      body = nnx.remat(body, policy=REMAT_POLICIES[self.cfg.remat])
+    scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0))
+    return scan(h_BxTxD, self.blocks, pooled, kv)
 
   def head_kernel(self) -> jax.Array:
     """The LM head [D, V] in float32: the embedding table, transposed, when tied."""

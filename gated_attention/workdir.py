@@ -19,6 +19,10 @@ CONFIG_FILE = 'config.json'
 # Config fields that may change between a run and its resumption (they do not change what the
 # checkpoint holds); any other difference in config.model or these data fields is refused.
 MODEL_FREE = ('remat', 'attention_impl', 'dtype')
+# Model fields that evaluating a checkpoint may change as well (analysis, sampling, long-context
+# evaluation): the positions' encoding, which no parameter depends on (context extension with a
+# raised RoPE base or YaRN, Qiu et al. 2025, Sec. 4.4).
+EVAL_FREE = MODEL_FREE + ('rope_base', 'rope_scaling')
 DATA_FIXED = ('tokenizer',)
 # What the saved position of the data iterator depends on: a resumption may not change it (a
 # warm start, which has no saved position, may).

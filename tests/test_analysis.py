@@ -287,6 +287,9 @@ def test_analysis_config_overrides():
                                         'model.dtype': 'bfloat16'})
   assert (cfg.data.val_batches, cfg.train.batch_size, cfg.model.dtype) == (7, 4, 'bfloat16')
   assert saved.data.val_batches != 7                     # the saved config is not modified
+  yarn = analyze.analysis_config(saved, {'model.rope_base': 5e5, 'model.rope_scaling.type': 'yarn',
+                                         'model.rope_scaling.factor': 4.0})
+  assert (yarn.model.rope_base, yarn.model.rope_scaling.type) == (5e5, 'yarn')  # context extension
   with pytest.raises(analyze.AnalysisError, match='model.num_layers'):
     analyze.analysis_config(saved, {'model.num_layers': 3})
   with pytest.raises(analyze.AnalysisError, match='tokenizer'):

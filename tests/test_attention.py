@@ -34,7 +34,8 @@ def _jitted(module):
   @jax.jit
   def both(state, x, pos):
     attn = nnx.merge(graphdef, state)
-    return (attn(x, pos), {}), layers.capture_stats(attn, x, pos)
+    (out_i, _), stats_i = layers.capture_stats(attn, x, pos)
+    return (attn(x, pos)[0], {}), (out_i, stats_i)
 
   return lambda x, pos: both(state, x, pos)
 

@@ -6,8 +6,8 @@
 The run's own config (RUN/config.json) is used, so --workdir is all it needs; command-line
 overrides (--config.X=...) are applied on top of it, for the things that may change without
 changing the checkpoint: the number and size of the held-out batches (data.val_batches,
-train.batch_size), data.seq_len, the data source, the mesh and model.dtype / remat /
-attention_impl. Overrides of the model's structure or the tokenizer are accepted when they equal
+train.batch_size), data.seq_len, the data source, the mesh, model.dtype / remat /
+attention_impl and the position encoding (model.rope_base, model.rope_scaling: YaRN). Overrides of the model's structure or the tokenizer are accepted when they equal
 the saved values (so the training command line works as it is) and refused, all of them listed,
 when they differ. The --config file itself is ignored (a note is printed when its model differs
 from the run's).
@@ -63,7 +63,7 @@ def _cli_overrides() -> tuple[dict, bool]:
 def _fixed(path: str) -> bool:
   """Whether the checkpoint fixes this config field (the model's structure, the tokenizer)."""
   parts = path.split('.')
-  return ((parts[0] == 'model' and parts[1] not in workdir_lib.MODEL_FREE)
+  return ((parts[0] == 'model' and parts[1] not in workdir_lib.EVAL_FREE)
           or path == 'data.tokenizer')
 
 
@@ -96,7 +96,7 @@ def analysis_config(saved, overrides: dict) -> ml_collections.ConfigDict:
         'These overrides change what the checkpoint fixes (the model, or the tokenizer it was '
         'trained on): ' + ', '.join(f'--config.{p}={overrides[p]!r} (saved: '
                                     f'{_saved_value_or_none(saved, p)!r})' for p in diffs) +
-        f'. Drop them; only model.{", model.".join(workdir_lib.MODEL_FREE)} and the data / batch '
+        f'. Drop them; only model.{", model.".join(workdir_lib.EVAL_FREE)} and the data / batch '
         'settings may differ from the run\'s saved config.')
   try:
     cfg.update_from_flattened_dict(flat)

@@ -174,9 +174,11 @@ def _tokenizer(config):
   return input_pipeline.data_tokenizer(config.data)
 
 
-def load_run(workdir: str, step: int | None = None) -> Run:
-  """Opens `workdir`: saved config, metrics rows, tokenizer and checkpoint `step` (default latest)."""
-  config = read_config(workdir)
+def load_run(workdir: str, step: int | None = None, config=None) -> Run:
+  """Opens `workdir`: saved config, metrics rows, tokenizer and checkpoint `step` (default
+  latest). `config`: the run's config with evaluation overrides (analyze.analysis_config, e.g.
+  YaRN), instead of the saved one."""
+  config = read_config(workdir) if config is None else config
   step = pick_step(workdir, step)
   from gated_attention import train as train_lib  # pylint: disable=g-import-not-at-top
   mesh = build_mesh(config)

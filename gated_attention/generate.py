@@ -1,0 +1,214 @@
+"""Text generation with a KV cache: prefill, then decode one token at a time.
+
+    gen = Generator(model, max_len=512)
+    out = gen.generate([[bos, 5, 9], [bos, 7]], max_new_tokens=64, temperature=0.8, top_p=0.95)
+    out.tokens[0], out.finished[0]                  # generated ids; True if it stopped at EOS
+    logits_BxTxV = gen.logits(tokens_BxT)           # chunked prefill: long inputs, [T, T] never held
+
+Prompts of different lengths are batched right-padded: every sequence keeps positions 0, 1, ...
+(RoPE needs no offsets) and decodes at its own position; padding slots in the cache are masked
+(or overwritten before they are read) by causality alone (attention.py). Prompts are prefilled in
+chunks of `chunk` tokens, so attention holds at most [chunk, max_len] scores per head.
+
+Sampling: greedy at temperature 0; otherwise softmax(logits / temperature) restricted to the
+smallest set of tokens whose probability reaches `top_p` (nucleus sampling, Holtzman et al.
+2020). A seed fixes the samples. Generation stops per sequence at `eos_id` (default: the
+tokenizer's BOS, which separates documents in this codebase's packed training data) or after
+`max_new_tokens`. MoE models route every token (dropless); with capacity dispatch the router
+may drop a different set of tokens than in a full forward pass.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from gated_attention.errors import UserError
+
+
+class GenerateError(UserError, ValueError):
+  """A generation request that cannot work (prompt too long, bad sampling setting)."""
+
+
+def init_cache(cfg, batch: int, max_len: int) -> dict:
+  """An empty KV cache {'k', 'v'}: [L, B, max_len, K, d] each, in the compute dtype."""
+  shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  return {'k': jnp.zeros(shape, cfg.compute_dtype), 'v': jnp.zeros(shape, cfg.compute_dtype)}
+
+
+def sample_token(logits_BxV: jax.Array, key: jax.Array, temperature: float,
+                 top_p: float) -> jax.Array:
+  """One token per row: argmax at temperature 0, else a nucleus (top-p) sample."""
+  if temperature == 0:
+    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+  logits = logits_BxV.astype(jnp.float32) / temperature
+  if top_p < 1.0:
+    sorted_desc = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_desc, axis=-1)
+    # keep a token if the tokens more probable than it have not yet reached top_p
+    kept = (jnp.cumsum(probs, axis=-1) - probs) < top_p
+    threshold = jnp.min(jnp.where(kept, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits >= threshold, logits, -jnp.inf)
+  return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+@dataclasses.dataclass
+class Output:
+  """Per prompt: the generated ids (without the EOS), whether it stopped at EOS, and the
+  prompts' and generated tokens' counts for speed reports."""
+  tokens: list[list[int]]
+  finished: list[bool]
+  prompt_tokens: int
+  new_tokens: int
+
+
+class Generator:
+  """Generation and chunked scoring for one model, compiled once per (batch, length) shape."""
+
+  def __init__(self, model, *, max_len: int, chunk: int = 256):
+    self.cfg = model.cfg
+    self.max_len = int(max_len)
+    self.chunk = int(chunk)
+    self.graphdef, self.state = nnx.split(model)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def _decode(self, state, tokens_BxT, start_B, kv):
+    return nnx.merge(self.graphdef, state).decode(tokens_BxT, start_B, kv)
+
+  @functools.partial(jax.jit, static_argnums=(0, 6, 7, 8, 9))
+  def _decode_loop(self, state, first_B, pos_B, kv, key, max_new, temperature, top_p, eos_id):
+    """Decoding on the device: token i of every sequence (-1 once it stopped), and whether it
+    stopped at `eos_id`. Step i samples with fold_in(key, i + 1) (the prefill's token used 0)."""
+    B = first_B.shape[0]
+
+    def body(carry):
+      i, out_BxN, nxt_B, done_B, pos_B, kv = carry
+      done_B = done_B | (nxt_B == eos_id)
+      out_BxN = out_BxN.at[:, i].set(jnp.where(done_B, -1, nxt_B))
+      logits, kv = self._decode(state, nxt_B[:, None], pos_B, kv)
+      nxt_B = sample_token(logits[:, -1], jax.random.fold_in(key, i + 1), temperature, top_p)
+      return i + 1, out_BxN, nxt_B, done_B, jnp.where(done_B, pos_B, pos_B + 1), kv
+
+    carry = (0, jnp.full((B, max_new), -1, jnp.int32), first_B, jnp.zeros((B,), bool), pos_B, kv)
+    _, out_BxN, _, done_B, _, _ = jax.lax.while_loop(
+        lambda c: (c[0] < max_new) & ~jnp.all(c[3]), body, carry)
+    return out_BxN, done_B
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def _full(self, state, tokens_BxS):
+    return nnx.merge(self.graphdef, state)(tokens_BxS)[0]
+
+  def _prefill(self, tokens_BxP: np.ndarray):
+    """Writes the prompts into a fresh cache chunk by chunk; returns (logits [B, P, V], kv).
+    Every chunk has `chunk` tokens (one compiled shape; the tail is padded, and its padding is
+    overwritten before it is read) except where the cache ends sooner."""
+    B, P = tokens_BxP.shape
+    kv = init_cache(self.cfg, B, self.max_len)
+    out = []
+    for s in range(0, P, self.chunk):
+      piece = np.zeros((B, min(self.chunk, self.max_len - s)), np.int32)
+      n = min(piece.shape[1], P - s)
+      piece[:, :n] = tokens_BxP[:, s:s + n]
+      logits, kv = self._decode(self.state, jnp.asarray(piece), jnp.full((B,), s, jnp.int32), kv)
+      out.append(logits[:, :n])
+    return jnp.concatenate(out, axis=1), kv
+
+  def logits(self, tokens_BxT) -> jax.Array:
+    """float32 logits [B, T, V] of whole sequences, computed in cached chunks (for inputs too
+    long for one [T, T] attention per head; equal to the model's forward pass)."""
+    tokens_BxT = np.asarray(tokens_BxT, np.int32)
+    self._check_len(tokens_BxT.shape[1], 0)
+    return self._prefill(tokens_BxT)[0]
+
+  def _check_len(self, prompt_len: int, new: int):
+    if prompt_len + new > self.max_len:
+      raise GenerateError(
+          f'A prompt of {prompt_len} tokens plus {new} new tokens exceeds the cache length '
+          f'max_len={self.max_len}: shorten the prompt, lower the number of new tokens or raise '
+          'max_len (positions beyond the training length need the context-extension settings: '
+          'config.model.rope_base / rope_scaling).')
+
+  def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 0.0,
+               top_p: float = 1.0, eos_id: int | None = None, seed: int = 0,
+               use_cache: bool = True) -> Output:
+    """Continues each prompt (a non-empty list of token ids). `use_cache=False` recomputes the
+    whole sequence for every new token (the reference the cache is measured against)."""
+    if temperature < 0 or not 0 < top_p <= 1:
+      raise GenerateError(f'temperature={temperature} must be >= 0 and top_p={top_p} in (0, 1].')
+    if not prompts or any(len(p) == 0 for p in prompts):
+      raise GenerateError('Every prompt needs at least one token (start it with the BOS token).')
+    lens = np.array([len(p) for p in prompts], np.int32)
+    self._check_len(int(lens.max()), max_new_tokens)
+    B, P = len(prompts), int(lens.max())
+    tokens = np.zeros((B, self.max_len), np.int32)
+    for b, p in enumerate(prompts):
+      tokens[b, :len(p)] = p
+    key = jax.random.key(seed)
+    eos = -1 if eos_id is None else int(eos_id)
+    if use_cache:
+      logits, kv = self._prefill(tokens[:, :P])
+      first = sample_token(logits[np.arange(B), lens - 1], jax.random.fold_in(key, 0),
+                           temperature, top_p)
+      out_BxN, done = jax.device_get(self._decode_loop(
+          self.state, first, jnp.asarray(lens), kv, key, max_new_tokens, temperature, top_p, eos))
+      out = [[int(t) for t in row[row >= 0]] for row in out_BxN]
+    else:
+      out, done = self._generate_without_cache(tokens, lens, key, max_new_tokens, temperature,
+                                               top_p, eos)
+    return Output(tokens=out, finished=[bool(d) for d in done], prompt_tokens=int(lens.sum()),
+                  new_tokens=sum(len(o) for o in out))
+
+  def _generate_without_cache(self, tokens_BxS, lens_B, key, max_new, temperature, top_p, eos):
+    """The reference: every step runs the model over the whole sequence (fixed length S)."""
+    B = len(lens_B)
+    pos, done, out = lens_B.copy(), np.zeros(B, bool), [[] for _ in range(B)]
+    for i in range(max_new):
+      logits = self._full(self.state, jnp.asarray(tokens_BxS))
+      nxt = np.asarray(sample_token(logits[np.arange(B), pos - 1], jax.random.fold_in(key, i),
+                                    temperature, top_p))
+      for b in np.flatnonzero(~done):
+        if nxt[b] == eos:
+          done[b] = True
+        else:
+          out[b].append(int(nxt[b]))
+          tokens_BxS[b, pos[b]] = nxt[b]
+          pos[b] += 1
+      if done.all():
+        break
+    return out, done
+
+
+def sample_command(workdir: str, prompts: list[str], *, max_new_tokens: int,
+                   temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                   overrides: dict | None = None, step: int | None = None) -> list[str]:
+  """`--mode=sample`: continues each text prompt with the run's checkpoint `step` (default
+  latest); prints and returns the continuations. `overrides`: --config.X overrides of the saved
+  config that evaluation allows (analyze.analysis_config), e.g. YaRN for longer contexts."""
+  import time  # pylint: disable=g-import-not-at-top
+  from gated_attention.analysis import analyze, runs  # pylint: disable=g-import-not-at-top
+  if not prompts:
+    raise GenerateError('--mode=sample needs at least one --prompt="...".')
+  if max_new_tokens < 1:
+    raise GenerateError(f'--max_new_tokens={max_new_tokens} must be at least 1.')
+  cfg = analyze.analysis_config(runs.read_config(workdir), overrides or {})
+  if cfg.model.moe.num_experts and cfg.model.moe.dispatch != 'dropless':
+    cfg.model.moe.dispatch = 'dropless'  # no parameter changes; generation drops no token
+    print('Note: sampling routes every token (moe.dispatch=dropless).')
+  run = runs.load_run(workdir, step, config=cfg)
+  tok = run.tokenizer
+  ids = [[int(i) for i in tok.encode_doc(p)] for p in prompts]
+  gen = Generator(run.model, max_len=max(map(len, ids)) + max_new_tokens)
+  t0 = time.time()
+  out = gen.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                     eos_id=tok.bos_id, seed=seed)
+  seconds = time.time() - t0
+  texts = [tok.decode(t) for t in out.tokens]
+  for prompt, text, done in zip(prompts, texts, out.finished):
+    print(f'--- {prompt!r} ->{" (stopped at end of document)" if done else ""}\n{prompt}{text}')
+  print(f'--- {run.config.get("variant", "")} step {run.step}: {out.new_tokens} new tokens for '
+        f'{len(prompts)} prompt(s) in {seconds:.1f}s, compilation included '
+        f'(temperature {temperature}, top_p {top_p}, seed {seed}).', flush=True)
+  return texts

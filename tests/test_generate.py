@@ -1,0 +1,182 @@
+"""generate.py and the KV-cache path (model.decode): cached logits equal the full forward pass at
+every position for every variant, dense and MoE; ragged batches; sampling; chunked scoring."""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gated_attention import generate, model
+from tests import reference as ref
+from tests.jax_helpers import model_config, perturb
+from tests.test_analysis import ROOT, make_tiny_run
+
+B, T, PREFIX = 2, 8, 5
+TOL = dict(rtol=2e-5, atol=2e-5)
+MOE_SHAPES = dict(ref.TINY_MODEL, ffn_size=0)
+
+
+def _moe_cfg(variant):
+  m = ref.load_config(variant, 'moe_tiny').model
+  m.update(MOE_SHAPES)
+  m.moe.update(expert_ffn_size=16)
+  return m
+
+
+def _after_rope(position):
+  m = ref.tiny_model_config(f'{position}_elementwise')
+  m.gate.after_qk_norm_rope = True
+  return m
+
+
+CASES = {**{n: (lambda n=n: ref.tiny_model_config(n))
+            for n in ref.variant_names() if n != 'baseline_more_experts'},
+         'moe_baseline_more_experts': lambda: _moe_cfg('baseline_more_experts'),
+         'moe_g1_headwise': lambda: _moe_cfg('g1_headwise'),
+         'g3_after_qk_norm_rope': lambda: _after_rope('g3'),
+         'g4_after_qk_norm_rope': lambda: _after_rope('g4'),
+         'g1_yarn_no_qk_norm': lambda: ref.tiny_model_config(
+             'g1_elementwise', qk_norm=False, rope_scaling=dict(type='yarn', factor=4.0,
+                                                                original_max_len=8))}
+# By default: the baseline, one case per hook the gate can sit at (attention.py calls it at q,
+# k, v, q_rope, k_rope, sdpa and out), head-shared, MoE and YaRN; the other variants are slow.
+DEFAULT_CASES = ('baseline', 'g1_elementwise', 'g1_headshared', 'g2_headwise', 'g3_elementwise',
+                 'g4_elementwise', 'g5_elementwise', 'g3_after_qk_norm_rope',
+                 'g4_after_qk_norm_rope', 'moe_g1_headwise', 'g1_yarn_no_qk_norm')
+
+
+def _model(case, seed=0):
+  m = model.Transformer(model_config(CASES[case]()), rngs=nnx.Rngs(seed))
+  perturb(m, seed + 1)
+  return m
+
+
+@jax.jit
+def _full_and_stepwise(state, graphdef, tokens_BxT):
+  """The full forward pass, and the same logits from a prefill of PREFIX tokens followed by
+  one-token decode steps through the cache."""
+  m = nnx.merge(graphdef, state)
+  full, _ = m(tokens_BxT)
+  kv = generate.init_cache(m.cfg, B, T)
+  first, kv = m.decode(tokens_BxT[:, :PREFIX], jnp.zeros((B,), jnp.int32), kv)
+
+  steps = [first]
+  for t in range(PREFIX, T):
+    logits, kv = m.decode(tokens_BxT[:, t:t + 1], jnp.full((B,), t, jnp.int32), kv)
+    steps.append(logits)
+  return full, jnp.concatenate(steps, axis=1)
+
+
+@pytest.mark.parametrize('case', [c if c in DEFAULT_CASES else
+                                  pytest.param(c, marks=pytest.mark.slow) for c in CASES])
+def test_cached_decoding_equals_full_forward(case):
+  m = _model(case)
+  tokens = jax.random.randint(jax.random.key(3), (B, T), 0, m.cfg.vocab_size)
+  graphdef, state = nnx.split(m)
+  full, stepwise = _full_and_stepwise(state, graphdef, tokens)
+  assert stepwise.shape == full.shape == (B, T, m.cfg.vocab_size)
+  np.testing.assert_allclose(stepwise, full, **TOL)
+
+
+@pytest.fixture(scope='module')
+def gen():
+  return generate.Generator(_model('g1_elementwise'), max_len=16, chunk=4)
+
+
+def _full_logits(gen, tokens_BxT):
+  return gen._full(gen.state, jnp.asarray(tokens_BxT))
+
+
+def test_chunked_logits_equal_full_forward(gen):
+  tokens = np.asarray(jax.random.randint(jax.random.key(4), (B, 11), 0, gen.cfg.vocab_size))
+  np.testing.assert_allclose(gen.logits(tokens), _full_logits(gen, tokens), **TOL)
+
+
+def test_ragged_greedy_batch_equals_one_prompt_at_a_time_and_no_cache(gen):
+  prompts = [[1, 5, 9, 2, 7, 3], [1, 4], [1, 8, 8, 8]]
+  batch = gen.generate(prompts, max_new_tokens=7)
+  assert [len(t) for t in batch.tokens] == [7, 7, 7] and batch.finished == [False] * 3
+  assert batch.new_tokens == 21 and batch.prompt_tokens == 12
+  for p, got in zip(prompts, batch.tokens):
+    assert gen.generate([p], max_new_tokens=7).tokens[0] == got
+  assert gen.generate(prompts, max_new_tokens=7, use_cache=False).tokens == batch.tokens
+  # greedy means: each new token is the argmax of the full forward pass over what came before
+  seq = prompts[0] + batch.tokens[0]
+  logits = _full_logits(gen, np.array([seq]))
+  np.testing.assert_array_equal(np.argmax(logits[0, len(prompts[0]) - 1:-1], -1),
+                                batch.tokens[0])
+
+
+def test_stops_at_eos_per_sequence(gen):
+  prompts = [[1, 5, 9], [1, 4, 4, 6]]
+  free = gen.generate(prompts, max_new_tokens=6).tokens
+  eos = free[0][2]                                   # the third token sequence 0 produces
+  out = gen.generate(prompts, max_new_tokens=6, eos_id=eos)
+  for want, got, done in zip(free, out.tokens, out.finished):
+    stop = want.index(eos) if eos in want else None
+    assert got == want[:stop] and done == (stop is not None)
+  assert out.finished[0]
+
+
+def test_sampling_is_seeded_and_top_p_limits_the_choice(gen):
+  prompts = [[1, 5, 9], [1, 2]]
+  a = gen.generate(prompts, max_new_tokens=8, temperature=1.0, seed=5).tokens
+  assert a == gen.generate(prompts, max_new_tokens=8, temperature=1.0, seed=5).tokens
+  assert a != gen.generate(prompts, max_new_tokens=8, temperature=1.0, seed=6).tokens
+  # a nucleus too small to hold two tokens is greedy
+  assert (gen.generate(prompts, max_new_tokens=8, temperature=1.0, top_p=1e-6, seed=5).tokens
+          == gen.generate(prompts, max_new_tokens=8).tokens)
+
+
+def test_sample_token_top_p_against_numpy():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(3, 12)).astype(np.float32) * 2
+  top_p = 0.6
+  counts = np.zeros_like(logits)
+  draws = jax.vmap(lambda k: generate.sample_token(jnp.asarray(logits), k, 0.7, top_p))(
+      jax.random.split(jax.random.key(0), 4000))
+  for b in range(3):
+    counts[b] = np.bincount(np.asarray(draws[:, b]), minlength=12) / 4000
+  for b in range(3):  # numpy: the nucleus of softmax(logits / 0.7), renormalised
+    p = np.exp(logits[b] / 0.7 - (logits[b] / 0.7).max())
+    p /= p.sum()
+    order = np.argsort(-p)
+    before = np.cumsum(p[order]) - p[order]
+    keep = order[before < top_p]
+    want = np.zeros(12)
+    want[keep] = p[keep] / p[keep].sum()
+    np.testing.assert_allclose(counts[b], want, atol=0.03)
+    assert counts[b][want == 0].sum() == 0
+
+
+def test_bad_requests_are_refused_with_the_fix(gen):
+  with pytest.raises(generate.GenerateError, match='max_len=16'):
+    gen.generate([[1] * 10], max_new_tokens=7)
+  with pytest.raises(generate.GenerateError, match='top_p'):
+    gen.generate([[1]], max_new_tokens=2, top_p=0.0)
+  with pytest.raises(generate.GenerateError, match='at least one token'):
+    gen.generate([[1], []], max_new_tokens=2)
+
+
+def test_sample_mode_on_a_trained_run(tmp_path_factory):
+  """main.py --mode=sample on a 6-step run (shared with test_analysis / test_notebook); the
+  Python API with YaRN on top of the saved config; a structural override is refused."""
+  run_dir = make_tiny_run(str(tmp_path_factory.getbasetemp() / 'ga_tiny_run'), analyse=False)
+  res = subprocess.run([sys.executable, 'main.py', '--mode=sample', f'--workdir={run_dir}',
+                        '--prompt=Hello', '--prompt=ab', '--max_new_tokens=5'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-2000:]
+  assert "--- 'Hello' ->" in res.stdout and "--- 'ab' ->" in res.stdout
+  assert 'g1_elementwise step 6:' in res.stdout
+  texts = generate.sample_command(
+      run_dir, ['Hello', 'ab'], max_new_tokens=5,
+      overrides={'model.rope_scaling.type': 'yarn', 'model.rope_scaling.factor': 4.0,
+                 'model.rope_scaling.original_max_len': 32})
+  assert len(texts) == 2
+  with pytest.raises(ValueError, match='model.num_heads'):
+    generate.sample_command(run_dir, ['Hello'], max_new_tokens=2,
+                            overrides={'model.num_heads': 8})
