@@ -9,6 +9,8 @@
   python main.py --mode=import --hf=/data/1B_gate_headwise --workdir=runs/hf_headwise
   python main.py --mode=export --workdir=runs/g1_headwise --out=out/g1_headwise_hf
   python main.py --mode=sample --workdir=runs/g1 --prompt="The cat" --max_new_tokens=100
+  python main.py --config=configs/extend_context.py:runs/g1 --workdir=runs/g1_1k   # longer context
+  python main.py --mode=long_context --workdir=runs/g1_1k      # loss by position, RULER-style tasks
 Any config field can be overridden: --config.train.steps=100 --config.model.num_layers=2.
 """
 
@@ -47,7 +49,8 @@ except (AttributeError, KeyError, TypeError, ValueError) as error:
   _bad_override(error)
 flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, metrics, analysis.')
 flags.DEFINE_enum('mode', 'train', ['train', 'params', 'analyze', 'compare', 'memory', 'compile',
-                                     'import', 'export', 'sample'], 'What to do.')
+                                     'import', 'export', 'sample', 'long_context'],
+                  'What to do.')
 flags.DEFINE_string('topology', None, '--mode=compile: a TPU topology name, e.g. v5p:4x4x4.')
 flags.DEFINE_string('out', None, '--mode=compare: output directory (default: compare/); '
                     '--mode=export: the Hugging Face directory to write.')
@@ -177,6 +180,10 @@ def dispatch(config, rest):
           FLAGS.workdir, FLAGS.prompt, max_new_tokens=FLAGS.max_new_tokens,
           temperature=FLAGS.temperature, top_p=FLAGS.top_p, seed=FLAGS.sample_seed,
           overrides=dict(getattr(FLAGS['config'], 'override_values', None) or {}), step=FLAGS.step)
+    elif FLAGS.mode == 'long_context':
+      from gated_attention import long_context  # pylint: disable=g-import-not-at-top
+      long_context.run(FLAGS.workdir, overrides=dict(
+          getattr(FLAGS['config'], 'override_values', None) or {}))
     else:
       from gated_attention.analysis import analyze  # pylint: disable=g-import-not-at-top
       analyze.run(config, FLAGS.workdir)

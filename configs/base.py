@@ -118,6 +118,10 @@ def data_config() -> ml_collections.ConfigDict:
       val_batches=4,            # batches in one validation pass
       shuffle_buffer=1024,
       worker_count=0,
+      # RULER-style task documents mixed into the training documents (input_pipeline/ruler.py):
+      mix_tasks='',             # comma-separated task names, or 'all' ('': none)
+      mix_ratio=0.0,            # share of the training tokens in task documents (0: off)
+      mix_tokens=0,             # tokens per task document, BOS included (0: data.seq_len / 2)
       task='bigram_backcopy',   # source=synthetic: bigram_backcopy | icl_bigram (see synthetic.py)
       synthetic=ml_collections.ConfigDict(dict(  # source=synthetic; data.tokenizer is not used
           vocab=64,             # regular tokens (ids 0..vocab-1); BOS is id vocab
@@ -166,6 +170,20 @@ def train_config() -> ml_collections.ConfigDict:
   ))
 
 
+def long_context_config() -> ml_collections.ConfigDict:
+  """--mode=long_context options (gated_attention/long_context.py)."""
+  return ml_collections.ConfigDict(dict(
+      lengths='',               # comma-separated lengths in tokens ('': 1, 2, 4, 8 x data.seq_len)
+      tasks='all',              # RULER-style tasks (input_pipeline/ruler.py), comma-separated; '' none
+      examples=16,              # prompts per task and length
+      docs=8,                   # held-out documents (of at least the largest length) for the loss
+      batch_size=8,             # sequences per forward pass
+      chunk=256,                # tokens per cached attention chunk: [chunk, length] scores per head
+      seed=0,                   # draws the RULER prompts
+      step=-1,                  # checkpoint step (-1: the latest)
+  ))
+
+
 def analysis_config() -> ml_collections.ConfigDict:
   """--mode=analyze options (gated_attention/analysis/analyze.py)."""
   return ml_collections.ConfigDict(dict(
@@ -185,6 +203,7 @@ def system_configs() -> dict:
           rules='data_parallel',    # data_parallel | fsdp | fsdp_tensor | fsdp_expert
       )),
       analysis=analysis_config(),
+      long_context=long_context_config(),
       distributed=ml_collections.ConfigDict(dict(
           coordinator_address='',   # empty: from the environment (or single process)
           num_processes=0,

@@ -98,6 +98,29 @@ class Generator:
     return out_BxN, done_B
 
   @functools.partial(jax.jit, static_argnums=0)
+  def _chunk_nll(self, state, tokens_BxC, targets_BxC, start_B, kv):
+    logits, kv = self._decode(state, tokens_BxC, start_B, kv)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.take_along_axis(logp, targets_BxC[..., None], axis=-1)[..., 0], kv
+
+  def token_nll(self, tokens_BxT) -> np.ndarray:
+    """Per-token cross-entropy (nats) [B, T-1] of whole sequences: position t scores token t+1.
+    Computed chunk by chunk through the cache, so no [T, T] attention or [T, V] logits of the
+    whole sequence is ever held (long-context evaluation)."""
+    tokens_BxT = np.asarray(tokens_BxT, np.int32)
+    B, T = tokens_BxT.shape
+    self._check_len(T - 1, 0)
+    kv, out = init_cache(self.cfg, B, self.max_len), []
+    for s in range(0, T - 1, self.chunk):
+      n = min(self.chunk, T - 1 - s)
+      piece = np.zeros((B, 2, min(self.chunk, self.max_len - s)), np.int32)
+      piece[:, 0, :n], piece[:, 1, :n] = tokens_BxT[:, s:s + n], tokens_BxT[:, s + 1:s + 1 + n]
+      nll, kv = self._chunk_nll(self.state, jnp.asarray(piece[:, 0]), jnp.asarray(piece[:, 1]),
+                                jnp.full((B,), s, jnp.int32), kv)
+      out.append(np.asarray(nll[:, :n]))
+    return np.concatenate(out, axis=1)
+
+  @functools.partial(jax.jit, static_argnums=0)
   def _full(self, state, tokens_BxS):
     return nnx.merge(self.graphdef, state)(tokens_BxS)[0]
 

@@ -28,7 +28,8 @@ DATA_FIXED = ('tokenizer',)
 # warm start, which has no saved position, may).
 ITERATOR_FIELDS = ('seed', 'train.batch_size', 'data.seq_len', 'data.source', 'data.path',
                    'data.hf_config', 'data.hf_split', 'data.text_field', 'data.val_fraction',
-                   'data.shuffle_buffer', 'data.task', 'data.synthetic')
+                   'data.shuffle_buffer', 'data.task', 'data.synthetic', 'data.mix_tasks',
+                   'data.mix_ratio', 'data.mix_tokens')
 
 
 def _flatten(d, prefix=''):

@@ -8,12 +8,22 @@ Train stream of process p of P, epoch e (repeats forever):
 Validation: the held-out documents in index order, cycled so no batch is padded, packed into
 global batches; process p keeps rows [p*B/P, (p+1)*B/P), so every process count sees the same set.
 
+Training mixture (data.mix_ratio > 0; not for synthetic sources): before packing, the train
+documents of process p are mixed, document by document (grain.MapDataset.mix: evenly interleaved),
+with an unbounded stream of RULER-style task documents (input_pipeline/ruler.py), prompt + target
+of data.mix_tokens tokens (default seq_len / 2, so about half of them fall whole into one training
+window), whose haystack is train documents only. mix_ratio is the task documents' share of the
+training TOKENS: the document share that gives it follows from the mean length of a sample of
+train documents. Task document i of the run is generated from (seed, i) and process p reads
+i = p, p + P, p + 2P, ... The iterator state (the mixed stream's next index) checkpoints both.
+
 data.source='synthetic' (input_pipeline/synthetic.py) replaces the documents by an unbounded index
 space of generated ones: process p reads train documents p, p + P, p + 2P, ... of the run's seed
 (i.i.d., so neither the documents nor the windows are shuffled), and validation reads the task's
 own validation stream; grain's iterator state (the next index) checkpoints it.
 """
 
+import dataclasses
 import hashlib
 
 from absl import flags
@@ -22,6 +32,7 @@ import numpy as np
 
 from input_pipeline.errors import DataError
 from input_pipeline.packing import PackIterDataset
+from input_pipeline import ruler
 from input_pipeline import synthetic
 from input_pipeline.shuffle import WindowShuffleIterDataset
 from input_pipeline.sources import Documents, load_documents, split_documents
@@ -31,6 +42,7 @@ _READ = grain.ReadOptions(num_threads=4, prefetch_buffer_size=128)
 _SAMPLE_TOKENS = 1 << 21  # describe(): tokens read for the entropy and the token-count estimate
 _SYNTHETIC_SAMPLE_DOCS = 256  # describe() of a synthetic task: validation documents sampled
 _UNBOUNDED = 1 << 62  # synthetic document indices
+_MIX_SAMPLE_DOCS = 64  # train documents whose mean length sets the mixture's document share
 
 
 class _Encode:
@@ -69,11 +81,20 @@ class Data:
 
   def __init__(self, cfg, tokenizer: Tokenizer, docs: Documents, train_ids: np.ndarray,
                val_ids: np.ndarray, train_iter: grain.DatasetIterator,
-               global_batch_size: int, process_index: int, process_count: int):
+               global_batch_size: int, process_index: int, process_count: int,
+               mixture: '_Mixture | None' = None):
     self.tokenizer, self.train_iter = tokenizer, train_iter
     self._cfg, self._docs, self._train_ids, self._val_ids = cfg, docs, train_ids, val_ids
     self._global_batch_size, self._process = global_batch_size, (process_index, process_count)
-    self._val, self._description = None, None
+    self._val, self._description, self.mixture = None, None, mixture
+
+  def train_documents(self) -> Documents:
+    """The training split: the haystack of the training mixture's task documents."""
+    return ruler.DocumentSubset(self._docs, self._train_ids, 'train')
+
+  def held_out_documents(self) -> Documents:
+    """The held-out split (validation), e.g. the haystack of ruler.examples for evaluation."""
+    return ruler.DocumentSubset(self._docs, self._val_ids, 'held-out')
 
   def val_batches(self) -> list[dict[str, np.ndarray]]:
     """data.val_batches local batches of held-out data; the same list on every call."""
@@ -118,6 +139,13 @@ class Data:
       return int(round(n_tokens / len(sampled) * len(ids)))
 
     exact = len(sampled) == len(order)
+    mixture = {}
+    if self.mixture:
+      m = self.mixture
+      mixture = {'mixture': {
+          'tasks': list(m.tasks), 'token_share': m.ratio, 'tokens_per_document': m.num_tokens,
+          'document_share': round(m.doc_share, 4),
+          'corpus_tokens_per_document': round(m.corpus_doc_tokens, 1)}}
     return {
         'source': self._cfg.source, 'path': self._cfg.path, **docs.info,
         'num_documents': {'train': len(self._train_ids), 'val': len(self._val_ids)},
@@ -127,6 +155,7 @@ class Data:
         'tokenizer': tokenizer.name, 'vocab_size': tokenizer.vocab_size,
         'unigram_entropy': float(-(p * np.log(p)).sum()),  # nats/token
         'entropy_sample_tokens': n_tokens,
+        **mixture,
     }
 
 
@@ -139,6 +168,11 @@ class SyntheticData(Data):
                      np.zeros(0, np.int64), train_iter, global_batch_size, process_index,
                      process_count)
     self.task = task
+
+  def train_documents(self) -> Documents:
+    raise DataError("data.source='synthetic' has token documents, no text documents.")
+
+  held_out_documents = train_documents
 
   def _val_windows(self) -> grain.IterDataset:
     docs = grain.MapDataset.range(_UNBOUNDED).map(synthetic.val_stream(self.task))
@@ -184,6 +218,59 @@ def _prefetch(ds: grain.IterDataset, data_cfg) -> grain.IterDataset:
   return ds
 
 
+@dataclasses.dataclass(frozen=True)
+class _Mixture:
+  """The training mixture of data.mix_*."""
+  tasks: tuple[str, ...]
+  ratio: float      # the task documents' share of the training tokens
+  num_tokens: int   # per task document, BOS included
+  doc_share: float = 0.0  # the task documents' share of the documents that gives `ratio`
+  corpus_doc_tokens: float = 0.0  # mean tokens of a corpus document (a sample's)
+
+  def with_corpus(self, docs: Documents, train_ids: np.ndarray, tokenizer) -> '_Mixture':
+    """The document share that makes `ratio` of the tokens task documents, from the mean length
+    of (up to) _MIX_SAMPLE_DOCS train documents: p = r Lc / (r Lc + (1 - r) Lt)."""
+    sample = np.random.default_rng(0).permutation(train_ids)[:_MIX_SAMPLE_DOCS]
+    corpus = float(np.mean([len(tokenizer.encode_doc(docs[int(i)])) for i in sample]))
+    r, task = self.ratio, float(self.num_tokens)
+    return dataclasses.replace(self, doc_share=r * corpus / (r * corpus + (1 - r) * task),
+                               corpus_doc_tokens=corpus)
+
+
+def _mixture(data_cfg, tokenizer: Tokenizer) -> _Mixture | None:
+  """data.mix_* checked (None when data.mix_ratio is 0); raises DataError naming the fix."""
+  ratio = float(data_cfg.get('mix_ratio', 0.0))
+  if not 0.0 <= ratio < 1.0:
+    raise DataError(f'data.mix_ratio={ratio} must be in [0, 1) (the share of training tokens in '
+                    'RULER task documents; 0: none); set --config.data.mix_ratio.')
+  if ratio == 0.0:
+    return None
+  spec = data_cfg.get('mix_tasks', '')
+  if not spec.strip():
+    raise DataError(f'data.mix_ratio={ratio} needs data.mix_tasks: set --config.data.mix_tasks to '
+                    f'"all" or some of {", ".join(ruler.TASKS)}, comma-separated.')
+  tasks = ruler.parse_tasks(spec)
+  num_tokens = int(data_cfg.get('mix_tokens', 0)) or int(data_cfg.seq_len) // 2
+  for task in tasks:
+    need = ruler.min_tokens(task, tokenizer)
+    if num_tokens < need:
+      raise DataError(
+          f'Task documents of {num_tokens} tokens (data.mix_tokens, 0: data.seq_len / 2) are too '
+          f'short for {task}, which needs at least {need} with the {tokenizer.name} tokenizer; '
+          f'set --config.data.mix_tokens >= {need}, or leave {task} out of data.mix_tasks.')
+  return _Mixture(tasks, ratio, num_tokens)
+
+
+def _mixed(token_docs: grain.MapDataset, mixture: _Mixture, tokenizer: Tokenizer,
+           haystack: Documents, seed: int, process_index: int,
+           process_count: int) -> grain.MapDataset:
+  """Token documents mixed with this process's share of the task documents."""
+  stream = ruler.TaskStream(mixture.tasks, mixture.num_tokens, tokenizer, haystack,
+                            _derive_seed(seed, 'ruler'))
+  tasks = grain.MapDataset.range(_UNBOUNDED)[process_index::process_count].map(stream)
+  return grain.MapDataset.mix([token_docs, tasks], [1.0 - mixture.doc_share, mixture.doc_share])
+
+
 def data_tokenizer(data_cfg) -> Tokenizer:
   """The tokenizer of a data config: the synthetic task's, or the one `data.tokenizer` names."""
   if data_cfg.get('source') == 'synthetic':
@@ -207,8 +294,12 @@ def build_data(data_cfg, *, global_batch_size: int, seed: int, process_index: in
     raise DataError('data.seq_len must be >= 1, data.val_batches and data.shuffle_buffer >= 0 '
                     f'(got {data_cfg.seq_len}, {data_cfg.val_batches}, {data_cfg.shuffle_buffer}).')
   if data_cfg.source == 'synthetic':
+    if data_cfg.get('mix_ratio', 0.0):
+      raise DataError("data.mix_ratio > 0 mixes RULER task documents into text documents; "
+                      "data.source='synthetic' has none: set --config.data.mix_ratio=0.")
     return _build_synthetic(data_cfg, global_batch_size, seed, process_index, process_count)
   tokenizer = make_tokenizer(data_cfg.tokenizer)
+  mixture = _mixture(data_cfg, tokenizer)
   docs = load_documents(data_cfg)
   train_ids, val_ids = split_documents(len(docs), data_cfg.val_fraction)
   if len(train_ids) < process_count:
@@ -216,11 +307,18 @@ def build_data(data_cfg, *, global_batch_size: int, seed: int, process_index: in
                     f'{process_count} processes that each need their own; add data.')
 
   doc_ids = grain.MapDataset.source(train_ids).shuffle(seed=_derive_seed(seed, 'documents'))
-  ds = _packed(doc_ids[process_index::process_count].repeat(), docs, tokenizer, data_cfg.seq_len)
+  if mixture is None:
+    ds = _packed(doc_ids[process_index::process_count].repeat(), docs, tokenizer, data_cfg.seq_len)
+  else:
+    mixture = mixture.with_corpus(docs, train_ids, tokenizer)
+    token_docs = doc_ids[process_index::process_count].repeat().map(_Encode(docs, tokenizer))
+    haystack = ruler.DocumentSubset(docs, train_ids, 'train')
+    ds = _pack(_mixed(token_docs, mixture, tokenizer, haystack, seed, process_index,
+                      process_count), data_cfg.seq_len)
   if data_cfg.shuffle_buffer > 1:
     ds = WindowShuffleIterDataset(
         ds, window_size=data_cfg.shuffle_buffer,
         seed=_derive_seed(seed, f'windows/{process_index}'))
   ds = ds.batch(global_batch_size // process_count, drop_remainder=True, batch_fn=_to_batch)
   return Data(data_cfg, tokenizer, docs, train_ids, val_ids, iter(_prefetch(ds, data_cfg)),
-              global_batch_size, process_index, process_count)
+              global_batch_size, process_index, process_count, mixture)

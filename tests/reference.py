@@ -288,11 +288,11 @@ def f_attn_per_head(probs_BxHxTxT):
 # --------------------------------------------------------------------------------------------
 
 def variant_names():
-  """Every config file's stem in configs/ (one per variant), sorted."""
+  """The variants: configs/*.py but base.py and the run-derived from_run.py, extend_context.py."""
   import pathlib  # pylint: disable=g-import-not-at-top
   root = pathlib.Path(__file__).resolve().parent.parent / 'configs'
   return sorted(p.stem for p in root.glob('*.py')
-                if p.stem not in ('__init__', 'base', 'from_run'))
+                if p.stem not in ('__init__', 'base', 'from_run', 'extend_context'))
 
 
 def gated_variant_names():

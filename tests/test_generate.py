@@ -96,6 +96,15 @@ def test_chunked_logits_equal_full_forward(gen):
   np.testing.assert_allclose(gen.logits(tokens), _full_logits(gen, tokens), **TOL)
 
 
+def test_token_nll_equals_cross_entropy_of_the_full_forward(gen):
+  tokens = np.asarray(jax.random.randint(jax.random.key(6), (B, 15), 0, gen.cfg.vocab_size))
+  logp = jax.nn.log_softmax(_full_logits(gen, tokens), axis=-1)
+  want = -np.take_along_axis(np.asarray(logp)[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
+  got = gen.token_nll(tokens)                        # 14 positions: chunks of 4, 4, 4, 2
+  assert got.shape == (B, 14)
+  np.testing.assert_allclose(got, want, **TOL)
+
+
 def test_ragged_greedy_batch_equals_one_prompt_at_a_time_and_no_cache(gen):
   prompts = [[1, 5, 9, 2, 7, 3], [1, 4], [1, 8, 8, 8]]
   batch = gen.generate(prompts, max_new_tokens=7)

@@ -198,3 +198,32 @@ def per_layer_compare_figure(runs: dict, ylabel: str, log: bool = False,
   else:
     ax.text(0.5, 0.5, 'no per-layer values', ha='center', va='center', transform=ax.transAxes)
   return fig
+
+
+def long_context_loss_figure(reports: dict, title: str = '') -> Figure:
+  """Cross-entropy against position for {name: long_context report}, with the training length
+  and the bucket edges marked (log-scaled positions)."""
+  fig = _figure(7, 3.6)
+  ax = fig.subplots()
+  for i, (name, rep) in enumerate(reports.items()):
+    curve = rep['loss']['curve']
+    ax.plot(np.maximum(curve['position'], 1), curve['loss'], color=f'C{i % 10}', label=name)
+  some = next(iter(reports.values()))
+  ax.axvline(some['train_seq_len'], color='k', ls='--', lw=1, label='training length')
+  ax.set_xscale('log', base=2)
+  ax.set(xlabel='position (tokens)', ylabel='cross-entropy (nats)', title=title)
+  ax.legend(fontsize=8)
+  return fig
+
+
+def ruler_figure(accuracy: dict, title: str = '') -> Figure:
+  """Exact-match accuracy against prompt length, one line per task: {task: {length: acc}}."""
+  fig = _figure(7, 3.6)
+  ax = fig.subplots()
+  for task, acc in accuracy.items():
+    n = sorted((x for x in acc if acc[x] is not None), key=int)  # None: the task did not fit
+    ax.plot([int(x) for x in n], [100 * acc[x] for x in n], marker='o', label=task)
+  ax.set_xscale('log', base=2)
+  ax.set(xlabel='prompt length (tokens)', ylabel='exact match (%)', ylim=(-2, 102), title=title)
+  ax.legend(fontsize=8)
+  return fig

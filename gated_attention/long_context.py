@@ -1,0 +1,196 @@
+"""`--mode=long_context`: how a run holds up beyond its training length.
+
+  python main.py --mode=long_context --workdir=runs/g1_1k
+  python main.py --mode=long_context --workdir=runs/g1_1k --config.long_context.lengths=256,4096 \\
+      --config.model.rope_scaling.type=yarn --config.model.rope_scaling.factor=4 \\
+      --config.model.rope_scaling.original_max_len=1024        # evaluated with YaRN, no training
+
+Two measurements at each length of `long_context.lengths` (Qiu et al. 2025, Sec. 4.4, Table 5,
+in miniature):
+  * loss by position: the per-token cross-entropy on held-out documents of at least the largest
+    length, averaged over position buckets [0, L1), [L1, L2), ... (L1 < L2 < ... the lengths);
+    a model that does not extend shows its loss rising in the buckets past its training length;
+  * RULER-style retrieval (input_pipeline/ruler.py; Hsieh et al. 2024): needle-in-a-haystack
+    (single, multi-key, multi-value) and variable tracking, prompts of L tokens whose haystack is
+    held-out text, answered greedily and scored by exact match.
+The RoPE settings (model.rope_base, model.rope_scaling) may be overridden on top of the run's
+saved config, so one checkpoint is evaluated with and without YaRN; each setting writes its own
+RUN/long_context/<tag>/ (report.json, long_context.md, loss_by_position.png, ruler.png).
+Attention runs through the KV cache in chunks of `chunk` tokens (generate.py): at most
+[batch, heads, chunk, length] scores exist at once, never [length, length] per head.
+"""
+
+import json
+import math
+import os
+import time
+
+import numpy as np
+
+from gated_attention import generate
+from gated_attention.analysis import analyze, plots, runs
+from gated_attention.errors import UserError
+
+OUT_DIR = 'long_context'
+
+
+class LongContextError(UserError, ValueError):
+  pass
+
+
+def _lengths(opts, seq_len: int) -> list[int]:
+  spec = opts.lengths
+  lengths = ([seq_len * m for m in (1, 2, 4, 8)] if not spec else
+             [int(x) for x in str(spec).split(',') if x.strip()])
+  if not lengths or min(lengths) < 16:
+    raise LongContextError(f'long_context.lengths={spec!r}: give comma-separated lengths of at '
+                           'least 16 tokens, e.g. --config.long_context.lengths=256,1024,4096.')
+  return sorted(set(lengths))
+
+
+def rope_tag(model_cfg) -> str:
+  """The evaluated position encoding, as a directory name: rope1e+06, rope1e+06_yarn4x1024."""
+  tag = f'rope{model_cfg.rope_base:.0e}'
+  s = model_cfg.rope_scaling
+  if s.type == 'yarn':
+    tag += f'_yarn{s.factor:g}x{s.original_max_len}'
+  return tag
+
+
+def long_documents(data, min_tokens: int, count: int) -> np.ndarray:
+  """[n, min_tokens] token ids: the first `min_tokens` of up to `count` held-out documents that
+  have at least that many (BOS first), in held-out order."""
+  tok, out = data.tokenizer, []
+  docs = data.held_out_documents()
+  for i in range(len(docs)):
+    ids = tok.encode_doc(docs[i])
+    if len(ids) >= min_tokens:
+      out.append(ids[:min_tokens])
+      if len(out) == count:
+        break
+  if not out:
+    raise LongContextError(
+        f'No held-out document has {min_tokens} tokens (the largest length + 1): lower '
+        '--config.long_context.lengths, or evaluate on data with longer documents '
+        '(--config.data.source / path; held-out documents are never trained on).')
+  return np.stack(out).astype(np.int32)
+
+
+def loss_by_position(gen, tokens_NxT: np.ndarray, lengths: list[int], batch: int) -> dict:
+  """Mean cross-entropy per bucket [0, L1), [L1, L2), ... and a 64-bin curve over positions."""
+  nll = np.concatenate([gen.token_nll(tokens_NxT[i:i + batch])
+                        for i in range(0, len(tokens_NxT), batch)])       # [N, T - 1]
+  edges = [0] + lengths
+  buckets = [{'from': a, 'to': b, 'loss': float(nll[:, a:b].mean())}
+             for a, b in zip(edges[:-1], edges[1:])]
+  bins = np.array_split(np.arange(nll.shape[1]), min(64, nll.shape[1]))
+  curve = {'position': [int(b.mean()) for b in bins],
+           'loss': [float(nll[:, b].mean()) for b in bins]}
+  return {'documents': len(tokens_NxT), 'buckets': buckets, 'curve': curve}
+
+
+def ruler_accuracy(gen, data, tasks, lengths, count: int, seed: int, batch: int) -> dict:
+  """{task: {length: exact-match accuracy}} with greedy answers (input_pipeline/ruler.py);
+  None where the length cannot hold the task's needles and question (ruler.min_tokens)."""
+  from input_pipeline import ruler  # pylint: disable=g-import-not-at-top
+  tok, haystack = data.tokenizer, data.held_out_documents()
+  out = {}
+  for task in tasks:
+    out[task] = {}
+    for length in lengths:
+      if length < ruler.min_tokens(task, tok):
+        out[task][str(length)] = None
+        continue
+      examples = ruler.examples(task, num_tokens=length, count=count, seed=seed, tokenizer=tok,
+                                haystack=haystack)
+      scores = []
+      for i in range(0, count, batch):
+        group = examples[i:i + batch]
+        prompts = [[int(t) for t in tok.encode_doc(e.prompt)] for e in group]
+        new = max(len(tok.encode(e.target)) for e in group) + 4
+        res = gen.generate(prompts, max_new_tokens=new)
+        scores += [ruler.score(e, tok.decode(t)) for e, t in zip(group, res.tokens)]
+      out[task][str(length)] = float(np.mean(scores))
+  return out
+
+
+def _table(report) -> str:
+  lengths = report['lengths']
+  lines = [f'# {report["variant"]} step {report["step"]}, {report["rope_tag"]} '
+           f'(trained at {report["train_seq_len"]} tokens)', '',
+           '| loss by position | ' + ' | '.join(f'{b["from"]}-{b["to"]}'
+                                                for b in report['loss']['buckets']) + ' |',
+           '|---|' + '---|' * len(lengths),
+           '| cross-entropy (nats) | ' + ' | '.join(f'{b["loss"]:.3f}'
+                                                   for b in report['loss']['buckets']) + ' |', '',
+           '| RULER task | ' + ' | '.join(str(n) for n in lengths) + ' |',
+           '|---|' + '---|' * len(lengths)]
+  pct = lambda x: '-' if x is None else f'{100 * x:.1f}'  # noqa: E731
+  for task, acc in report['ruler'].items():
+    lines.append(f'| {task} | ' + ' | '.join(pct(acc[str(n)]) for n in lengths) + ' |')
+  if len(report['ruler']) > 1:
+    mean = [_mean([acc[str(n)] for acc in report['ruler'].values()]) for n in lengths]
+    lines.append('| mean (tasks that fit) | ' + ' | '.join(pct(m) for m in mean) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
+def _mean(values):
+  values = [v for v in values if v is not None]
+  return float(np.mean(values)) if values else None
+
+
+def _figures(report, out_dir):
+  fig = plots.long_context_loss_figure({report['rope_tag']: report},
+                                       title=f'{report["variant"]}: loss by position')
+  plots.save(fig, os.path.join(out_dir, 'loss_by_position.png'))
+  if report['ruler']:
+    fig = plots.ruler_figure(report['ruler'], title=f'{report["variant"]} {report["rope_tag"]}')
+    plots.save(fig, os.path.join(out_dir, 'ruler.png'))
+
+
+def run(workdir: str, *, overrides: dict | None = None) -> dict:
+  """Evaluates the run's checkpoint (long_context.step, default latest) with the saved config and
+  the evaluation overrides; writes RUN/long_context/<tag>/ and returns the report."""
+  import input_pipeline  # pylint: disable=g-import-not-at-top
+  t0 = time.time()
+  overrides = dict(overrides or {})
+  cfg = analyze.analysis_config(runs.read_config(workdir), overrides)
+  opts = cfg.long_context
+  lengths = _lengths(opts, cfg.data.seq_len)
+  if cfg.model.moe.num_experts:
+    cfg.model.moe.dispatch = 'dropless'
+  run_ = runs.load_run(workdir, None if opts.step < 0 else opts.step, config=cfg)
+  data = input_pipeline.build_data(cfg.data, global_batch_size=1, seed=cfg.seed)
+  gen = generate.Generator(run_.model, max_len=max(lengths) + 64, chunk=opts.chunk)
+  docs = long_documents(data, max(lengths) + 1, opts.docs)
+  report = {'workdir': os.path.abspath(workdir), 'variant': cfg.get('variant', ''),
+            'step': run_.step, 'train_seq_len': int(cfg.data.seq_len),
+            'rope_tag': rope_tag(run_.model_cfg), 'rope_base': run_.model_cfg.rope_base,
+            'rope_scaling': dict(cfg.model.rope_scaling), 'lengths': lengths,
+            'loss': loss_by_position(gen, docs, lengths, opts.batch_size)}
+  print(f'loss by position over {report["loss"]["documents"]} held-out documents: ' +
+        ', '.join(f'{b["from"]}-{b["to"]} {b["loss"]:.3f}' for b in report['loss']['buckets']),
+        flush=True)
+  tasks = [] if not opts.tasks else (_all_tasks() if opts.tasks == 'all' else
+                                      opts.tasks.split(','))
+  report['ruler'] = ruler_accuracy(gen, data, tasks, lengths, opts.examples, opts.seed,
+                                   opts.batch_size) if tasks and opts.examples else {}
+  report['examples_per_cell'] = int(opts.examples)
+  report['seconds'] = round(time.time() - t0, 1)
+  out_dir = os.path.join(workdir, OUT_DIR, report['rope_tag'])
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, 'report.json'), 'w') as f:
+    json.dump(report, f, indent=1, allow_nan=False)
+  table = _table(report)
+  with open(os.path.join(out_dir, 'long_context.md'), 'w') as f:
+    f.write(table)
+  _figures(report, out_dir)
+  print(table + f'({report["seconds"]:.0f}s) -> {out_dir}', flush=True)
+  if not all(math.isfinite(b['loss']) for b in report['loss']['buckets']):
+    print('Warning: a loss is not finite.')
+  return report
+
+
+def _all_tasks():
+  from input_pipeline import ruler  # pylint: disable=g-import-not-at-top
+  return list(ruler.TASKS)
