@@ -181,6 +181,7 @@ def long_context_config() -> ml_collections.ConfigDict:
       chunk=256,                # tokens per cached attention chunk: [chunk, length] scores per head
       seed=0,                   # draws the RULER prompts
       step=-1,                  # checkpoint step (-1: the latest)
+      tag='',                   # the output directory RUN/long_context/<tag> ('': the RoPE setting)
   ))
 
 

@@ -18,6 +18,9 @@ from gated_attention.analysis import runs as runs_lib
 
 RUNNER_FILE = 'runner.json'
 FIGURES = ('f_attn_layers.png', 'm_act_layers.png', 'loss_curves.png')
+LONG_CONTEXT_FIGURE = 'long_context.png'
+EXTENDED_DIR = 'extended'  # a run continued at a longer context (EXTEND), inside the run's dir
+SECONDS = ('train_seconds', 'analyze_seconds', 'extend_seconds', 'long_context_seconds')
 
 
 @dataclasses.dataclass
@@ -27,6 +30,7 @@ class Result:
   runner: dict
   report: dict | None
   rows: list[dict]
+  long_context: dict = dataclasses.field(default_factory=dict)  # label -> long-context report
 
   @property
   def status(self) -> str:
@@ -77,14 +81,31 @@ def read_runner(workdir: str) -> dict:
     return json.load(f)
 
 
-def read(run, workdir: str) -> Result:
+def extended_dir(workdir: str) -> str:
+  return os.path.join(workdir, EXTENDED_DIR)
+
+
+def read_long_context(workdir: str, label: str) -> dict | None:
+  """The --mode=long_context report of `workdir` for the evaluation `label`, if written."""
+  path = os.path.join(workdir, 'long_context', label, 'report.json')
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def read(run, workdir: str, experiment=None) -> Result:
   runner = read_runner(workdir)
   report_path = os.path.join(workdir, runs_lib.ANALYSIS_DIR, 'report.json')
-  report = None
+  report, long_context = None, {}
   if runner.get('status') == 'done' and os.path.isfile(report_path):
     with open(report_path) as f:
       report = json.load(f)
-  return Result(run, runner, report, runs_lib.read_metrics(workdir))
+    if experiment is not None and experiment.long_context:
+      evaluated = extended_dir(workdir) if experiment.extend else workdir
+      long_context = {label: read_long_context(evaluated, label)
+                      for label in experiment.long_context}
+  return Result(run, runner, report, runs_lib.read_metrics(workdir), long_context)
 
 
 def _cell(values: list, fmt: str) -> str:
@@ -199,6 +220,75 @@ def loss_figure(experiment, results) -> Figure:
   return fig
 
 
+def _ruler_mean(rep: dict, length) -> float | None:
+  """The mean exact match over the tasks that fit at `length` (None if none did)."""
+  acc = [a[str(length)] for a in rep['ruler'].values() if a.get(str(length)) is not None]
+  return float(np.mean(acc)) if acc else None
+
+
+def long_context_tables(experiment, results: list[Result]) -> str:
+  """Markdown, one table per LONG_CONTEXT label: per group, the loss in each position bucket and
+  the RULER-style exact match (mean over the tasks that fit) at each length, mean ± std."""
+  out = []
+  for label in experiment.long_context:
+    reps = [r.long_context.get(label) for r in results]
+    some = next((x for x in reps if x), None)
+    if some is None:
+      out.append(f'Long context, `{label}`: no evaluation has finished.')
+      continue
+    lengths, buckets = some['lengths'], [(b['from'], b['to']) for b in some['loss']['buckets']]
+    heads = (['run', 'seeds'] + [f'loss {a}-{b}' for a, b in buckets] +
+             [f'RULER {n}' for n in lengths])
+    lines = [f'Long context, `{label}` ({some["rope_tag"]}; evaluated at step {some["step"]} of '
+             f'the run trained at {some["train_seq_len"]} tokens; RULER: % exact match, mean over '
+             f'the tasks that fit, {some["examples_per_cell"]} prompts a task and length):', '',
+             '| ' + ' | '.join(heads) + ' |', '|' + '---|' * len(heads)]
+    for group, rs in by_group(experiment, results).items():
+      done = [r.long_context.get(label) for r in rs if r.long_context.get(label)]
+      loss = [_cell([d['loss']['buckets'][i]['loss'] for d in done], '.3f')
+              for i in range(len(buckets))]
+      ruler = [_cell([None if _ruler_mean(d, n) is None else 100 * _ruler_mean(d, n)
+                      for d in done], '.1f') for n in lengths]
+      lines.append('| ' + ' | '.join([group, f'{len(done)}/{len(rs)}'] + loss + ruler) + ' |')
+    out.append('\n'.join(lines))
+  return '\n\n'.join(out)
+
+
+def long_context_figure(experiment, results: list[Result]) -> Figure:
+  """Per LONG_CONTEXT label: loss by position (top) and RULER exact match by length (bottom),
+  one line per group, mean ± std over seeds."""
+  labels = list(experiment.long_context)
+  fig = Figure(figsize=(5 * len(labels), 7), layout='constrained')
+  FigureCanvasAgg(fig)
+  axes = np.asarray(fig.subplots(2, len(labels), squeeze=False))
+  for j, label in enumerate(labels):
+    for i, (group, rs) in enumerate(by_group(experiment, results).items()):
+      done = [r.long_context[label] for r in rs if r.long_context.get(label)]
+      if not done:
+        continue
+      pos = np.maximum(done[0]['loss']['curve']['position'], 1)
+      _band(axes[0, j], pos, [d['loss']['curve']['loss'] for d in done], f'C{i % 10}', group)
+      lengths = [n for n in done[0]['lengths'] if any(_ruler_mean(d, n) is not None
+                                                      for d in done)]  # where a task fits
+      acc = [[np.nan if _ruler_mean(d, n) is None else 100 * _ruler_mean(d, n) for n in lengths]
+             for d in done]
+      if lengths:
+        _band(axes[1, j], lengths, acc, f'C{i % 10}', group, marker='o')
+      axes[0, j].axvline(done[0]['train_seq_len'], color='gray', ls=':', lw=1)
+    axes[0, j].set(xscale='log', xlabel='position', ylabel='loss (nats/token)',
+                   title=f'{label}: loss by position')
+    axes[1, j].set(xscale='log', xlabel='prompt length (tokens)', ylabel='exact match (%)',
+                   ylim=(-2, 102), title=f'{label}: RULER-style tasks')
+    for ax in axes[:, j]:
+      if ax.lines:
+        ax.legend(fontsize=7)
+  return fig
+
+
+def figure_names(experiment) -> tuple[str, ...]:
+  return FIGURES + ((LONG_CONTEXT_FIGURE,) if experiment.long_context else ())
+
+
 def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
   """Writes results.md, summary.json and the figures into out_dir; returns the markdown."""
   os.makedirs(out_dir, exist_ok=True)
@@ -207,13 +297,18 @@ def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
              'm_act_layers.png': per_layer_figure(experiment, results, 'm_act_layers',
                                                   'M-Act (max |h|, layer output)', log=True),
              'loss_curves.png': loss_figure(experiment, results)}
+  if experiment.long_context:
+    figures[LONG_CONTEXT_FIGURE] = long_context_figure(experiment, results)
   for name, fig in figures.items():
     plots.save(fig, os.path.join(out_dir, name))
   with open(os.path.join(out_dir, 'summary.json'), 'w') as f:
     json.dump(summary(experiment, results), f, indent=1)
   text = f'{header}\n\n{table(experiment, results)}\n'
+  if experiment.long_context:
+    text += f'\n{long_context_tables(experiment, results)}\n'
   with open(os.path.join(out_dir, 'results.md'), 'w') as f:
-    f.write(f'# {experiment.title}\n\n{text}\n' + ''.join(f'![{n}]({n})\n' for n in FIGURES))
+    f.write(f'# {experiment.title}\n\n{text}\n' +
+            ''.join(f'![{n}]({n})\n' for n in figure_names(experiment)))
   return text
 
 

@@ -9,6 +9,9 @@
 Each run trains with `python main.py --config=configs/<variant>.py:<scale> --workdir=<out>/runs/
 <run> --config.seed=S --config.<key>=<value> ...`, then `main.py --mode=analyze` on it; logs go to
 <run>/train.log and <run>/analyze.log, the status, commands and wall times to <run>/runner.json.
+Experiments with LONG_CONTEXT then continue the run at a longer context (EXTEND, in
+<run>/extended/, log extend.log) and run `main.py --mode=long_context` once per label (log
+long_context.log); their tables and long_context.png follow the main table.
 A run whose runner.json says done (with the same command) is skipped, so running the experiment
 again resumes it; a half-trained run resumes from its latest checkpoint. The output directory
 (default experiments/out/<name>/) gets results.md (the table: mean ± std over seeds),
@@ -131,10 +134,39 @@ def execute(experiment, run, out: str) -> dict:
       _write_runner(workdir, state)
       return state
   rc, seconds = _call(analyze_args, os.path.join(workdir, 'analyze.log'))
-  state.update(analyze_seconds=seconds, finished=_now(),
+  state.update(analyze_seconds=seconds,
                status='done' if rc == 0 else f'analysis failed (exit {rc})')
+  if rc == 0 and experiment.long_context:
+    _write_runner(workdir, state)
+    state['status'] = _long_context(experiment, workdir, state)
+  state['finished'] = _now()
   _write_runner(workdir, state)
   return state
+
+
+def _long_context(experiment, workdir: str, state: dict) -> str:
+  """Continues the run at a longer context (EXTEND, in <run>/extended/, resuming) and evaluates
+  it for each LONG_CONTEXT label not yet done; updates `state`; returns the status."""
+  evaluated = workdir
+  if experiment.extend:
+    evaluated = report.extended_dir(workdir)
+    args = experiment.extend_args(workdir, evaluated)
+    state['extend_command'] = spec.shell(args, 'python')
+    if not _trained(evaluated):
+      rc, seconds = _call(args, os.path.join(workdir, 'extend.log'))
+      state['extend_seconds'] = state.get('extend_seconds', 0.0) + seconds
+      if rc or not _trained(evaluated):
+        return 'extension ' + (_failure(os.path.join(workdir, 'extend.log'), rc) if rc else
+                               'interrupted')
+  for label in experiment.long_context:
+    if report.read_long_context(evaluated, label) is not None:
+      continue
+    rc, seconds = _call(experiment.long_context_args(evaluated, label),
+                        os.path.join(workdir, 'long_context.log'))
+    state['long_context_seconds'] = state.get('long_context_seconds', 0.0) + seconds
+    if rc:
+      return f'long-context evaluation {label!r} failed (exit {rc})'
+  return 'done'
 
 
 def _now() -> str:
@@ -157,8 +189,13 @@ def print_commands(experiment, runs, out: str, args):
   for run in runs:
     if args.print_commands == 'main':
       workdir = _workdir(out, run)
-      line = (spec.shell(run.train_args(experiment.scale, workdir), args.python) + ' && '
-              + spec.shell(experiment.analyze_args(workdir), args.python))
+      steps = [run.train_args(experiment.scale, workdir), experiment.analyze_args(workdir)]
+      evaluated = report.extended_dir(workdir) if experiment.extend else workdir
+      if experiment.extend:
+        steps.append(experiment.extend_args(workdir, evaluated))
+      steps += [experiment.long_context_args(evaluated, label)
+                for label in experiment.long_context]
+      line = ' && '.join(spec.shell(a, args.python) for a in steps)
     else:
       line = spec.shell(['-m', 'experiments.run', experiment.path, '--out', out, '--only',
                          run.name], args.python)
@@ -182,8 +219,7 @@ def run_all(experiment, runs, out: str, jobs: int) -> list[dict]:
 
 
 def _header(experiment, results, wall_seconds: float) -> str:
-  train = sum(r.runner.get('train_seconds', 0) + r.runner.get('analyze_seconds', 0)
-              for r in results)
+  train = sum(r.runner.get(k, 0) for r in results for k in report.SECONDS)
   path = os.path.abspath(experiment.path)
   if path.startswith(spec.REPO + os.sep):
     path = os.path.relpath(path, spec.REPO)
@@ -191,7 +227,7 @@ def _header(experiment, results, wall_seconds: float) -> str:
   return (f'## {experiment.title}\n\n{experiment.description}\n\n'
           f'Command: `{command}` (scale `{experiment.scale}`, {len(experiment.runs)} runs)  \n'
           f'Commit: {_commits(results)}, {_now()}  \n'
-          f'Wall time: {train / 60:.1f} min of training and analysis summed over runs; '
+          f'Wall time: {train / 60:.1f} min of training and evaluation summed over runs; '
           f'this invocation {wall_seconds / 60:.1f} min.').replace('\n\n\n', '\n\n')
 
 
@@ -210,7 +246,7 @@ def _publish(experiment, out: str, results_path: str, body: str):
                          experiment.name)
   os.makedirs(fig_dir, exist_ok=True)
   links = []
-  for name in report.FIGURES:
+  for name in report.figure_names(experiment):
     shutil.copyfile(os.path.join(out, name), os.path.join(fig_dir, name))
     links.append(f'![{name}](figures/{experiment.name}/{name})')
   report.update_section(results_path, experiment.name, body + '\n' + '\n'.join(links) + '\n')
@@ -240,7 +276,7 @@ def main(argv=None) -> int:
   states = [] if args.report_only else run_all(experiment, runs, out, args.jobs)
   if args.only:  # one task of an array: the report is made once all have finished
     return 0 if all(s['status'] in ('done', 'diverged') for s in states) else 1
-  results = [report.read(r, _workdir(out, r)) for r in experiment.runs]
+  results = [report.read(r, _workdir(out, r), experiment) for r in experiment.runs]
   body = report.write(experiment, results, out, _header(experiment, results, time.time() - t0))
   print(body)
   print(f'Table and figures in {out}')

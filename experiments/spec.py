@@ -12,6 +12,14 @@ An experiment is a Python file under experiments/ with these module-level names:
   COLUMNS = ['val_loss', 'f_attn_mean', ...]     # table columns (experiments/report.py METRICS)
   TITLE = '...'; DESCRIPTION = '...'             # optional: the heading and text in results.md
 
+Long context (optional; Qiu et al. 2025, Table 5):
+  EXTEND = 'seq_len=1024,rope_base=1e6,steps=300'  # continue each run at a longer context:
+                                                   # configs/extend_context.py:<run>,<EXTEND>
+  LONG_CONTEXT = {'rope': {}, 'yarn': {'model.rope_scaling.type': 'yarn', ...}}
+                                                   # --mode=long_context of the (extended) run,
+                                                   # one evaluation per label, its overrides
+  LONG_CONTEXT_OVERRIDES = {'long_context.lengths': '256,1024,4096'}  # of every evaluation
+
 Runs are VARIANTS x GRID combinations x SEEDS; a group is one (variant, grid point), and the
 table reports each column's mean ± std over the group's seeds.
 """
@@ -57,10 +65,26 @@ class Experiment:
   runs: list[Run]
   columns: list[str]
   analyze_overrides: dict
+  extend: str = ''
+  long_context: dict = dataclasses.field(default_factory=dict)
+  long_context_overrides: dict = dataclasses.field(default_factory=dict)
 
   def analyze_args(self, workdir: str) -> list[str]:
     return ['main.py', '--mode=analyze', f'--workdir={workdir}'] + [
         f'--config.{k}={_flag(v)}' for k, v in self.analyze_overrides.items()]
+
+  def extend_args(self, workdir: str, extended: str) -> list[str]:
+    """Continues the run in `workdir` at a longer context, in `extended`."""
+    arg = workdir + (f',{self.extend}' if self.extend else '')
+    return ['main.py', f'--config=configs/extend_context.py:{arg}', f'--workdir={extended}']
+
+  def long_context_args(self, workdir: str, label: str) -> list[str]:
+    """--mode=long_context of `workdir` for the evaluation `label`, written to
+    <workdir>/long_context/<label>/."""
+    overrides = {**self.long_context_overrides, **self.long_context[label],
+                 'long_context.tag': label}
+    return ['main.py', '--mode=long_context', f'--workdir={workdir}'] + [
+        f'--config.{k}={_flag(v)}' for k, v in overrides.items()]
 
   def groups(self) -> list[str]:
     return list(dict.fromkeys(r.group for r in self.runs))
@@ -82,6 +106,20 @@ def _module(path: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def _check_long_context(path: str, m):
+  labels = dict(getattr(m, 'LONG_CONTEXT', {}))
+  for label, overrides in labels.items():
+    if not label or not label.replace('_', '').replace('-', '').isalnum():
+      raise ExperimentError(f'{path}: LONG_CONTEXT label {label!r} must be a name of letters, '
+                            'digits, - and _ (it names a directory).')
+    if not isinstance(overrides, dict):
+      raise ExperimentError(f'{path}: LONG_CONTEXT[{label!r}] must be a dict of overrides.')
+  if getattr(m, 'EXTEND', '') and not labels:
+    raise ExperimentError(f'{path}: EXTEND without LONG_CONTEXT evaluates nothing; add '
+                          "LONG_CONTEXT = {'rope': {}}.")
+  return labels
 
 
 def _check(path: str, variants, seeds, columns, known_columns):
@@ -117,7 +155,10 @@ def load(path: str, known_columns) -> Experiment:
   return Experiment(name=name, path=path, title=getattr(m, 'TITLE', doc.split('\n')[0] or name),
                     description=getattr(m, 'DESCRIPTION', '\n'.join(doc.split('\n')[1:]).strip()),
                     scale=getattr(m, 'SCALE', 'tiny'), runs=runs, columns=columns,
-                    analyze_overrides=dict(getattr(m, 'ANALYZE_OVERRIDES', {})))
+                    analyze_overrides=dict(getattr(m, 'ANALYZE_OVERRIDES', {})),
+                    extend=str(getattr(m, 'EXTEND', '')),
+                    long_context=_check_long_context(path, m),
+                    long_context_overrides=dict(getattr(m, 'LONG_CONTEXT_OVERRIDES', {})))
 
 
 def shell(args: list[str], python: str = '') -> str:

@@ -15,7 +15,8 @@ in miniature):
     held-out text, answered greedily and scored by exact match.
 The RoPE settings (model.rope_base, model.rope_scaling) may be overridden on top of the run's
 saved config, so one checkpoint is evaluated with and without YaRN; each setting writes its own
-RUN/long_context/<tag>/ (report.json, long_context.md, loss_by_position.png, ruler.png).
+RUN/long_context/<tag>/ (report.json, long_context.md, loss_by_position.png, ruler.png), the tag
+naming the RoPE setting unless long_context.tag names it.
 Attention runs through the KV cache in chunks of `chunk` tokens (generate.py): at most
 [batch, heads, chunk, length] scores exist at once, never [length, length] per head.
 """
@@ -177,7 +178,7 @@ def run(workdir: str, *, overrides: dict | None = None) -> dict:
                                    opts.batch_size) if tasks and opts.examples else {}
   report['examples_per_cell'] = int(opts.examples)
   report['seconds'] = round(time.time() - t0, 1)
-  out_dir = os.path.join(workdir, OUT_DIR, report['rope_tag'])
+  out_dir = os.path.join(workdir, OUT_DIR, opts.tag or report['rope_tag'])
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, 'report.json'), 'w') as f:
     json.dump(report, f, indent=1, allow_nan=False)

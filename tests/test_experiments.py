@@ -47,7 +47,8 @@ def _table_rows(text):
 
 def test_table_figures_and_records(finished):
   _, out, results = finished
-  for name in report.FIGURES + ('results.md', 'summary.json'):
+  for name in report.figure_names(spec.load(str(finished[0]), report.METRICS)) + (
+      'results.md', 'summary.json'):
     assert (out / name).stat().st_size > 0
   rows = _table_rows((out / 'results.md').read_text())
   assert rows[0].startswith('| run | seeds done | val loss | F-Attn |')
@@ -65,6 +66,7 @@ def test_table_figures_and_records(finished):
   assert text.startswith('# Results\n\nKept text.\n')
   assert text.count('<!-- experiment:tiny -->') == 1
   assert '## Tiny runner check' in text and 'Commit: `' in text and '| baseline | 1/1 |' in text
+  assert not (out / report.LONG_CONTEXT_FIGURE).exists()     # no LONG_CONTEXT in this experiment
   for name in report.FIGURES:
     assert (results.parent / 'figures' / 'tiny' / name).is_file()
 
@@ -135,3 +137,54 @@ def test_commit_line_names_the_training_commits(monkeypatch):
   assert run._commits([res('abc1234'), res(None)]) == '`abc1234`'
   assert run._commits([res('0d38440'), res('abc1234'), res('0d38440')]) == (
       '`abc1234` (runs trained at `0d38440`, `abc1234`)')
+
+
+LONG_CONTEXT_EXPERIMENT = textwrap.dedent('''\
+    """Tiny context extension check"""
+    VARIANTS = ['g1_elementwise']
+    OVERRIDES = {
+        'data.seq_len': 32, 'data.val_batches': 1, 'model.num_layers': 1, 'train.steps': 4,
+        'train.batch_size': 2, 'train.warmup_steps': 1, 'train.eval_every': 4,
+        'train.checkpoint_every': 4,
+    }
+    EXTEND = 'seq_len=64,steps=2'
+    LONG_CONTEXT = {'rope': {}, 'yarn': {'model.rope_scaling.type': 'yarn',
+                                         'model.rope_scaling.factor': 2.0,
+                                         'model.rope_scaling.original_max_len': 64}}
+    LONG_CONTEXT_OVERRIDES = {'long_context.lengths': '32,128', 'long_context.docs': 1,
+                              'long_context.tasks': 'niah_single', 'long_context.examples': 2,
+                              'long_context.chunk': 64}
+    ''')
+
+
+@pytest.mark.slow  # five main.py processes (~1 min); the stages' parts have default tests
+def test_extension_and_long_context_stages(tmp_path, capsys):
+  """Train, analyse, extend (in <run>/extended) and evaluate twice; the tables and the figure;
+  a rerun skips every stage; --print-commands=main chains the five commands."""
+  path, out = tmp_path / 'lc.py', tmp_path / 'out'
+  path.write_text(LONG_CONTEXT_EXPERIMENT)
+  assert run.main([str(path), '--out', str(out)]) == 0
+  workdir = out / 'runs' / 'g1_elementwise_s0'
+  state = json.loads((workdir / 'runner.json').read_text())
+  assert state['status'] == 'done' and state['extend_seconds'] > 0
+  assert state['long_context_seconds'] > 0 and 'extend_context.py:' in state['extend_command']
+  for label in ('rope', 'yarn'):
+    rep = json.loads((workdir / 'extended' / 'long_context' / label / 'report.json').read_text())
+    assert rep['train_seq_len'] == 64 and rep['lengths'] == [32, 128]
+  text = (out / 'results.md').read_text()
+  assert 'Long context, `rope` (rope1e+06;' in text
+  assert 'Long context, `yarn` (rope1e+06_yarn2x64;' in text
+  rope_table = text.split('Long context, `rope`')[1].split('Long context, `yarn`')[0]
+  row = next(l for l in rope_table.splitlines() if l.startswith('| g1_elementwise | 1/1 | '))
+  cells = row.split(' | ')
+  assert float(cells[2]) > 0 and float(cells[3]) > 0 and cells[4] == '-'  # niah needs 81 tokens
+  assert 0 <= float(cells[5].rstrip(' |')) <= 100
+  assert (out / report.LONG_CONTEXT_FIGURE).stat().st_size > 0
+  logs = {name: (workdir / name).stat().st_size for name in ('extend.log', 'long_context.log')}
+  capsys.readouterr()
+  assert run.main([str(path), '--out', str(out)]) == 0       # everything done: nothing reruns
+  assert {name: (workdir / name).stat().st_size for name in logs} == logs
+  capsys.readouterr()
+  assert run.main([str(path), '--out', str(out), '--print-commands=main']) == 0
+  (line,) = capsys.readouterr().out.splitlines()
+  assert line.count(' && ') == 5 and line.count('--mode=long_context') == 2
