@@ -17,6 +17,7 @@ from input_pipeline import DataError, build_data, make_tokenizer, ruler
 from input_pipeline.packing import PackIterDataset
 from input_pipeline.shuffle import WindowShuffleIterDataset
 from input_pipeline.sources import Documents, load_documents, split_documents
+from tests.test_input_pipeline import assert_batches_equal
 
 BOS = 256  # the byte tokenizer's
 SEED = 1201  # assertion messages name the seed, so another can be tried by editing this line
@@ -227,14 +228,6 @@ def stream_documents(batches, tokenizer):
 
 TASK_DOC = re.compile(r'(The pass key is|The magic number for [A-Z]+ is|The magic numbers for '
                       r'[A-Z]+ are|The variables with the value \d+ are) [A-Z0-9, ]+\n$')
-
-
-def assert_batches_equal(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    assert x.keys() == y.keys()
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k])
 
 
 def reference_batches(cfg, seed, n):
