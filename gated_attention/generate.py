@@ -204,6 +204,18 @@ class Generator:
     return out, done
 
 
+def run_config(workdir: str, overrides: dict | None = None):
+  """The run's saved config for generation: with the evaluation overrides
+  (analyze.analysis_config, e.g. YaRN), and MoE routing every token (dispatch dropless: no
+  parameter changes, no token dropped)."""
+  from gated_attention.analysis import analyze, runs  # pylint: disable=g-import-not-at-top
+  cfg = analyze.analysis_config(runs.read_config(workdir), overrides or {})
+  if cfg.model.moe.num_experts and cfg.model.moe.dispatch != 'dropless':
+    cfg.model.moe.dispatch = 'dropless'
+    print('Note: generation routes every token (moe.dispatch=dropless).')
+  return cfg
+
+
 def sample_command(workdir: str, prompts: list[str], *, max_new_tokens: int,
                    temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
                    overrides: dict | None = None, step: int | None = None) -> list[str]:
@@ -211,16 +223,12 @@ def sample_command(workdir: str, prompts: list[str], *, max_new_tokens: int,
   latest); prints and returns the continuations. `overrides`: --config.X overrides of the saved
   config that evaluation allows (analyze.analysis_config), e.g. YaRN for longer contexts."""
   import time  # pylint: disable=g-import-not-at-top
-  from gated_attention.analysis import analyze, runs  # pylint: disable=g-import-not-at-top
   if not prompts:
     raise GenerateError('--mode=sample needs at least one --prompt="...".')
   if max_new_tokens < 1:
     raise GenerateError(f'--max_new_tokens={max_new_tokens} must be at least 1.')
-  cfg = analyze.analysis_config(runs.read_config(workdir), overrides or {})
-  if cfg.model.moe.num_experts and cfg.model.moe.dispatch != 'dropless':
-    cfg.model.moe.dispatch = 'dropless'  # no parameter changes; generation drops no token
-    print('Note: sampling routes every token (moe.dispatch=dropless).')
-  run = runs.load_run(workdir, step, config=cfg)
+  from gated_attention.analysis import runs  # pylint: disable=g-import-not-at-top
+  run = runs.load_run(workdir, step, config=run_config(workdir, overrides))
   tok = run.tokenizer
   ids = [[int(i) for i in tok.encode_doc(p)] for p in prompts]
   gen = Generator(run.model, max_len=max(map(len, ids)) + max_new_tokens)

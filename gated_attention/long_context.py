@@ -29,8 +29,9 @@ import time
 import numpy as np
 
 from gated_attention import generate
-from gated_attention.analysis import analyze, plots, runs
+from gated_attention.analysis import plots, runs
 from gated_attention.errors import UserError
+from input_pipeline import ruler
 
 OUT_DIR = 'long_context'
 
@@ -93,7 +94,6 @@ def loss_by_position(gen, tokens_NxT: np.ndarray, lengths: list[int], batch: int
 def ruler_accuracy(gen, data, tasks, lengths, count: int, seed: int, batch: int) -> dict:
   """{task: {length: exact-match accuracy}} with greedy answers (input_pipeline/ruler.py);
   None where the length cannot hold the task's needles and question (ruler.min_tokens)."""
-  from input_pipeline import ruler  # pylint: disable=g-import-not-at-top
   tok, haystack = data.tokenizer, data.held_out_documents()
   out = {}
   for task in tasks:
@@ -155,11 +155,9 @@ def run(workdir: str, *, overrides: dict | None = None) -> dict:
   import input_pipeline  # pylint: disable=g-import-not-at-top
   t0 = time.time()
   overrides = dict(overrides or {})
-  cfg = analyze.analysis_config(runs.read_config(workdir), overrides)
+  cfg = generate.run_config(workdir, overrides)
   opts = cfg.long_context
   lengths = _lengths(opts, cfg.data.seq_len)
-  if cfg.model.moe.num_experts:
-    cfg.model.moe.dispatch = 'dropless'
   run_ = runs.load_run(workdir, None if opts.step < 0 else opts.step, config=cfg)
   data = input_pipeline.build_data(cfg.data, global_batch_size=1, seed=cfg.seed)
   gen = generate.Generator(run_.model, max_len=max(lengths) + 64, chunk=opts.chunk)
@@ -172,8 +170,7 @@ def run(workdir: str, *, overrides: dict | None = None) -> dict:
   print(f'loss by position over {report["loss"]["documents"]} held-out documents: ' +
         ', '.join(f'{b["from"]}-{b["to"]} {b["loss"]:.3f}' for b in report['loss']['buckets']),
         flush=True)
-  tasks = [] if not opts.tasks else (_all_tasks() if opts.tasks == 'all' else
-                                      opts.tasks.split(','))
+  tasks = ruler.parse_tasks(opts.tasks) if opts.tasks else ()
   report['ruler'] = ruler_accuracy(gen, data, tasks, lengths, opts.examples, opts.seed,
                                    opts.batch_size) if tasks and opts.examples else {}
   report['examples_per_cell'] = int(opts.examples)
@@ -191,7 +188,3 @@ def run(workdir: str, *, overrides: dict | None = None) -> dict:
     print('Warning: a loss is not finite.')
   return report
 
-
-def _all_tasks():
-  from input_pipeline import ruler  # pylint: disable=g-import-not-at-top
-  return list(ruler.TASKS)
