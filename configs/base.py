@@ -118,6 +118,7 @@ def data_config() -> ml_collections.ConfigDict:
       val_batches=4,            # batches in one validation pass
       shuffle_buffer=1024,
       worker_count=0,
+      document_mask=False,      # attend only within each document of a packed window (from BOS)
       # RULER-style task documents mixed into the training documents (input_pipeline/ruler.py):
       mix_tasks='',             # comma-separated task names, or 'all' ('': none)
       mix_ratio=0.0,            # share of the training tokens in task documents (0: off)

@@ -3,7 +3,7 @@
 Shapes: B batch, T sequence, D hidden, H query heads, K KV heads, G = H // K, d head_dim.
 Query head h uses KV head h // G (group-major), as jax.nn.dot_product_attention does.
 
-Training calls `jax.nn.dot_product_attention` (cuDNN flash attention on GPU). Viewed with
+Training calls a fused core of attention_kernels.py (config.model.attention_impl). Viewed with
 `inspect=True` (model.inspect) the probabilities are computed explicitly and summarised with
 `sow`: F-Attn per head, a head-averaged attention map and the SDPA output's sparsity before and
 after the gate (Qiu et al. 2025, Sec. 4.2 and 4.3).
@@ -13,33 +13,45 @@ values are written at their positions and the queries attend to cache slots at o
 own position: chunked prefill and one-token decoding, with per-sequence positions. Slots after a
 query's position (unwritten, or a right-padded prompt's padding) are masked by causality alone,
 because every slot up to the largest position in a call has been written by then.
+
+Document masking (`segment_ids_BxT`, from data.document_mask; attention_kernels.py): a query sees
+only keys of its own document. RoPE positions stay absolute in the window rather than restarting
+at each BOS: RoPE makes a score depend on the distance between query and key only (Su et al.
+2021), so within a document the scores are the same either way, and keeping positions leaves the
+unmasked path, the KV cache and YaRN untouched (tests/test_model.py checks that a document's
+logits in a masked window equal those of the document alone).
 """
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import gating, sharding
+from gated_attention import attention_kernels, gating, sharding
 from gated_attention.layers import Inspectable, RMSNorm, param
 from gated_attention.rope import RoPE
 
 ATTN_MAP_LEN = 128  # the inspect path records attention maps of the first positions only
 
 
-def explicit_attention(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, q_positions_BxT=None):
+def explicit_attention(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, q_positions_BxT=None,
+                       segment_ids_BxT=None):
   """Causal softmax attention written out; returns (output, probs_BxHxTxS in float32).
 
   Key s sits at position s. Without `q_positions_BxT`, query t sits at position t (S == T);
-  with it, each query attends to the keys at or before its position (a KV cache)."""
+  with it, each query attends to the keys at or before its position (a KV cache). With
+  `segment_ids_BxT` (S == T), only to keys of its own document."""
   B, T, H, d = q_BxTxHxd.shape
   S, K = k_BxSxKxd.shape[1], k_BxSxKxd.shape[2]
   q_BxTxKxGxd = q_BxTxHxd.reshape(B, T, K, H // K, d)
   logits = jnp.einsum('btkgd,bskd->bkgts', q_BxTxKxGxd, k_BxSxKxd,
                       preferred_element_type=jnp.float32) / jnp.sqrt(d).astype(jnp.float32)
   if q_positions_BxT is None:
-    causal = jnp.tril(jnp.ones((T, S), bool))
+    causal = attention_kernels.causal_mask(T, S)
   else:
     causal = (jnp.arange(S)[None, None, :] <= q_positions_BxT[:, :, None])[:, None, None]
+  if segment_ids_BxT is not None:
+    same = attention_kernels.same_document_BxTxS(segment_ids_BxT, segment_ids_BxT)
+    causal = causal & same[:, None, None]
   logits = jnp.where(causal, logits, jnp.finfo(jnp.float32).min)
   probs_BxKxGxTxS = jax.nn.softmax(logits, axis=-1)
   out = jnp.einsum('bkgts,bskd->btkgd', probs_BxKxGxTxS.astype(v_BxSxKxd.dtype), v_BxSxKxd)
@@ -76,13 +88,15 @@ class Attention(Inspectable, nnx.Module):
     self.gate = gating.Gate(cfg.gate, hidden_size=D, num_heads=H, num_kv_heads=K, head_dim=d,
                             init_std=std, rngs=rngs, norm_eps=cfg.norm_eps)
     self.dtype = cfg.compute_dtype
-    self.impl = None if cfg.attention_impl == 'auto' else cfg.attention_impl
+    self.impl = cfg.attention_impl
     self.attn_map_len = ATTN_MAP_LEN
     self.inspect = False
 
-  def __call__(self, x_BxTxD: jax.Array, positions_BxT: jax.Array, kv=None):
+  def __call__(self, x_BxTxD: jax.Array, positions_BxT: jax.Array, kv=None,
+               segment_ids_BxT=None):
     """Returns (output [B, T, D], kv): the cache with this call's keys and values written at
-    `positions_BxT` (consecutive per sequence), or None without a cache (training)."""
+    `positions_BxT` (consecutive per sequence), or None without a cache (training).
+    `segment_ids_BxT`: document ids for document masking (not with a cache), or None."""
     dt, gate = self.dtype, self.gate
     q = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wq[...].astype(dt))
     k = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wk[...].astype(dt))
@@ -95,23 +109,26 @@ class Attention(Inspectable, nnx.Module):
     q = sharding.constrain(q, ('batch', 'seq', 'act_heads', 'head_dim'))
 
     if kv is not None:
+      if segment_ids_BxT is not None:
+        raise ValueError('Document masking (segment_ids_BxT) is not supported with a KV cache.')
       start_B = positions_BxT[:, 0]
       kv = {'k': write_cache(kv['k'], k, start_B), 'v': write_cache(kv['v'], v, start_B)}
       y_BxTxHxd, _ = explicit_attention(q, kv['k'], kv['v'], positions_BxT)
     elif self.inspect:
-      y_BxTxHxd = self._inspected_attention(q, k, v)
+      y_BxTxHxd = self._inspected_attention(q, k, v, segment_ids_BxT)
     else:
-      y_BxTxHxd = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.impl)
+      y_BxTxHxd = attention_kernels.attend(q, k, v, self.impl, segment_ids_BxT)
     y_BxTxHxd = gate('sdpa', y_BxTxHxd, x_BxTxD)
     if self.inspect:
       self.sow(nnx.Intermediate, 'sdpa_post_gate', sparsity(y_BxTxHxd))
     out_BxTxD = jnp.einsum('bthk,hkd->btd', y_BxTxHxd, self.wo[...].astype(dt))
     return gate('out', out_BxTxD, x_BxTxD), kv
 
-  def _inspected_attention(self, q, k, v) -> jax.Array:
+  def _inspected_attention(self, q, k, v, segment_ids_BxT) -> jax.Array:
     """Explicit attention, sowing F-Attn per head (queries 1..T-1), the head-averaged map of
-    sample 0 and the SDPA output's sparsity before the gate."""
-    y_BxTxHxd, probs_BxHxTxT = explicit_attention(q, k, v)
+    sample 0 and the SDPA output's sparsity before the gate. (With document masking, F-Attn is
+    still the attention to the window's first token, which later documents cannot see.)"""
+    y_BxTxHxd, probs_BxHxTxT = explicit_attention(q, k, v, segment_ids_BxT=segment_ids_BxT)
     n = min(self.attn_map_len, probs_BxHxTxT.shape[-1])
     self.sow(nnx.Intermediate, 'f_attn_H', jnp.mean(probs_BxHxTxT[:, :, 1:, 0], axis=(0, 2)))
     self.sow(nnx.Intermediate, 'attn_map', jnp.mean(probs_BxHxTxT[0, :, :n, :n], axis=0))

@@ -67,11 +67,11 @@ class Inspectable:
       self.inspect = inspect
 
 
-def capture_stats(module: nnx.Module, *args) -> tuple:
-  """(module(*args), {name: statistic}) with every Inspectable inside viewed with
+def capture_stats(module: nnx.Module, *args, **kwargs) -> tuple:
+  """(module(*args, **kwargs), {name: statistic}) with every Inspectable inside viewed with
   `inspect=True`: what they `sow` is collected by name (inside `nnx.scan`, stacked per layer)."""
   view = nnx.view(module, inspect=True)
-  out, sown = nnx.capture(view, nnx.Intermediate)(*args)
+  out, sown = nnx.capture(view, nnx.Intermediate)(*args, **kwargs)
   stats = {}
   for path, value in nnx.to_flat_state(sown):
     if path[-1] in stats:

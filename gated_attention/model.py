@@ -2,6 +2,7 @@
 
     model = Transformer(ModelConfig.from_config(config.model), rngs=nnx.Rngs(0))
     logits_BxTxV, ffn_aux = model(tokens_BxT)
+    logits_BxTxV, ffn_aux = model(tokens_BxT, segment_ids_BxT=document_ids(tokens_BxT, bos_id))
     logits_BxTxV, stats = inspect(model, tokens_BxT)      # + the analysis statistics
     logits_BxTxV, kv = model.decode(tokens_BxT, start_B, kv)  # with a KV cache (generate.py)
 
@@ -13,6 +14,10 @@ one interface: `ffn(x, pooled) -> (y, aux)`, with `reduce_aux(aux_L) -> (loss, m
 auxiliary training loss and logged metrics from the stacked per-layer `aux`), `pooled_stats(aux_L)`
 (statistics that gradient accumulation gathers over all micro-batches first and passes back as
 `pooled`, or None) and `inactive_params()` (parameters a token does not use).
+
+Document masking (data.document_mask, attention_kernels.py): with `segment_ids_BxT` every
+attention layer lets a token see only earlier tokens of its own document (train.py passes
+`document_ids` of the inputs); positions stay absolute in the window (attention.py says why).
 """
 
 import jax
@@ -21,6 +26,7 @@ from flax import nnx
 
 from gated_attention import sharding
 from gated_attention.attention import Attention
+from gated_attention.attention_kernels import document_ids  # noqa: F401 (re-exported)
 from gated_attention.config import ModelConfig
 from gated_attention.layers import MLP, Embed, Inspectable, RMSNorm, capture_stats, param
 from gated_attention.moe import MoE
@@ -56,10 +62,10 @@ class Block(Inspectable, nnx.Module):
     self.ffn_post_norm = RMSNorm(D, eps=eps) if cfg.sandwich_norm else None
     self.inspect = False
 
-  def __call__(self, h_BxTxD, positions_BxT, pooled=None, kv=None):
+  def __call__(self, h_BxTxD, positions_BxT, pooled=None, kv=None, segment_ids_BxT=None):
     """Returns (h_out, (aux, kv)): the FFN's aux outputs and the attention's KV cache (None
     without one)."""
-    attn_out, kv = self.attn(self.attn_norm(h_BxTxD), positions_BxT, kv)
+    attn_out, kv = self.attn(self.attn_norm(h_BxTxD), positions_BxT, kv, segment_ids_BxT)
     if self.attn_post_norm is not None:
       attn_out = self.attn_post_norm(attn_out)
     h_attn = sharding.constrain(h_BxTxD + attn_out, ('batch', 'seq', 'embed'))
@@ -93,14 +99,15 @@ class Transformer(nnx.Module):
     self.lm_head = None if cfg.tie_embeddings else param(
         rngs, (cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'), cfg.init_std)
 
-  def __call__(self, tokens_BxT: jax.Array, *, pooled=None,
-               return_hidden: bool = False) -> tuple[jax.Array, dict]:
+  def __call__(self, tokens_BxT: jax.Array, *, pooled=None, return_hidden: bool = False,
+               segment_ids_BxT: jax.Array | None = None) -> tuple[jax.Array, dict]:
     """Returns float32 logits [B, T, V] (or, with `return_hidden`, the final-normed hidden
     states [B, T, D]) and the FFNs' aux outputs stacked to [L, ...]. `pooled`: the FFNs'
-    pooled statistics [L, ...] over all micro-batches (train.py), or None."""
+    pooled statistics [L, ...] over all micro-batches (train.py), or None. `segment_ids_BxT`:
+    document ids for document masking (`document_ids`), or None."""
     B, T = tokens_BxT.shape
     positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    h_BxTxD, (aux, _) = self._blocks(tokens_BxT, positions_BxT, pooled, None)
+    h_BxTxD, (aux, _) = self._blocks(tokens_BxT, positions_BxT, pooled, None, segment_ids_BxT)
     h_BxTxD = self.final_norm(h_BxTxD)
     if return_hidden:
       return h_BxTxD, aux
@@ -115,12 +122,12 @@ class Transformer(nnx.Module):
     h_BxTxD, (_, kv) = self._blocks(tokens_BxT, positions_BxT, None, kv)
     return self.logits(self.final_norm(h_BxTxD), self.head_kernel()), kv
 
-  def _blocks(self, tokens_BxT, positions_BxT, pooled, kv):
+  def _blocks(self, tokens_BxT, positions_BxT, pooled, kv, segment_ids_BxT=None):
     """Embedding and the scanned blocks: (h [B, T, D], (aux [L, ...], kv [L, ...] or None))."""
     h_BxTxD = sharding.constrain(self.embed(tokens_BxT), ('batch', 'seq', 'embed'))
 
     def body(h, block, pooled_layer, kv_layer):
-      return block(h, positions_BxT, pooled_layer, kv_layer)
+      return block(h, positions_BxT, pooled_layer, kv_layer, segment_ids_BxT)
 
     if self.cfg.remat != 'none':
       body = nnx.remat(body, policy=REMAT_POLICIES[self.cfg.remat])
@@ -145,13 +152,14 @@ class Transformer(nnx.Module):
     return self.blocks.ffn.pooled_stats(aux_L)
 
 
-def inspect(model: Transformer, tokens_BxT: jax.Array) -> tuple[jax.Array, dict]:
+def inspect(model: Transformer, tokens_BxT: jax.Array,
+            segment_ids_BxT: jax.Array | None = None) -> tuple[jax.Array, dict]:
   """Logits and the per-layer analysis statistics, each stacked to [L, ...]:
   f_attn_H [L, H], attn_map [L, n, n], sdpa_pre_gate / sdpa_post_gate {abs_mean,
   frac_below_1e-2, frac_below_1e-3}, gate {mean, frac_below_0.1, hist} (gated runs only) and
   m_act {site: {max, where}} (analysis/metrics.py documents them). Runs the explicit-attention
   path on a view of `model` and collects what its modules `sow` (layers.capture_stats)."""
-  (logits, _), stats = capture_stats(model, tokens_BxT)
+  (logits, _), stats = capture_stats(model, tokens_BxT, segment_ids_BxT=segment_ids_BxT)
   return logits, stats
 
 

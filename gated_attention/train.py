@@ -4,6 +4,10 @@ A batch's path: main.py -> loop.run -> data.train_iter (numpy, per process) -> S
 (a global array sharded over the data-parallel mesh axes) -> train_step -> loss_fn ->
 Transformer.__call__. The loop itself (logging, checkpoints, signals) is in loop.py, evaluation
 in evaluate.py.
+
+With data.document_mask every step (train, eval, inspect) numbers the documents of each window
+from the BOS tokens of its inputs (model.document_ids) and the attention stays inside them;
+`document_bos` is the tokenizer's BOS id, or None (no masking: the default).
 """
 
 import functools
@@ -14,6 +18,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+import input_pipeline
 from gated_attention import model as model_lib
 from gated_attention import sharding
 from gated_attention.config import ModelConfig
@@ -64,13 +69,21 @@ def _chunked_token_losses(h_BxTxD, kernel_DxV, targets_BxT, mask_BxT, chunk: int
   return ce_sum, z_sum
 
 
-def loss_fn(params, graphdef, batch, tc, pooled=None):
+def segment_ids(batch, document_bos: int | None):
+  """The document ids [B, T] of the batch's inputs (document masking), or None."""
+  if document_bos is None:
+    return None
+  return model_lib.document_ids(batch['inputs'], document_bos)
+
+
+def loss_fn(params, graphdef, batch, tc, pooled=None, document_bos=None):
   """Mean token cross-entropy plus the optional logits z-loss and the FFNs' auxiliary losses.
 
   Returns (total, (metrics, pooled_stats)): pooled_stats are what gradient accumulation gathers
   over all micro-batches before the real pass (model.py, the FFN interface), or None."""
   model = nnx.merge(graphdef, params)
-  h_BxTxD, aux = model(batch['inputs'], pooled=pooled, return_hidden=True)
+  h_BxTxD, aux = model(batch['inputs'], pooled=pooled, return_hidden=True,
+                       segment_ids_BxT=segment_ids(batch, document_bos))
   args = (h_BxTxD, model.head_kernel(), batch['targets'], batch['loss_mask'])
   chunk = tc.loss_chunk_size
   if chunk and chunk < h_BxTxD.shape[1]:
@@ -102,7 +115,7 @@ def _accumulated_grads(grad_fn, params, micro, pooled):
 
 
 def train_step(params, opt_state, batch, lr_scale: float, *, graphdef, tc, pools_stats,
-               optimizer):
+               optimizer, document_bos=None):
   """One optimizer step over `tc.grad_accum` micro-batches, its updates scaled by `lr_scale`
   (a static float: 1 unless a rollback lowered the learning rate, and then one recompile).
   A step whose loss, gradients or updates are not finite changes nothing: parameters and
@@ -110,7 +123,7 @@ def train_step(params, opt_state, batch, lr_scale: float, *, graphdef, tc, pools
   it; stability.py)."""
   n = tc.grad_accum
   grad_fn = jax.value_and_grad(
-      lambda p, b, pooled=None: loss_fn(p, graphdef, b, tc, pooled), has_aux=True)
+      lambda p, b, pooled=None: loss_fn(p, graphdef, b, tc, pooled, document_bos), has_aux=True)
   if n == 1:
     (_, (metrics, _)), grads = grad_fn(params, batch)
   else:
@@ -120,7 +133,7 @@ def train_step(params, opt_state, batch, lr_scale: float, *, graphdef, tc, pools
       # Statistics that must cover the whole global batch (the MoE's global load-balancing
       # loss): one forward pass over all micro-batches gathers them first (one extra forward).
       def stats_of(_, mb):
-        return None, loss_fn(params, graphdef, mb, tc)[1][1]
+        return None, loss_fn(params, graphdef, mb, tc, None, document_bos)[1][1]
       pooled = jax.lax.stop_gradient(jnp.mean(jax.lax.scan(stats_of, None, micro)[1], 0))
     grads, metrics = _accumulated_grads(grad_fn, params, micro, pooled)
   updates, new_opt_state = optimizer.update(grads, opt_state, params)
@@ -138,22 +151,24 @@ def train_step(params, opt_state, batch, lr_scale: float, *, graphdef, tc, pools
   return params, opt_state, metrics
 
 
-def eval_step(params, batch, *, graphdef, tc):
+def eval_step(params, batch, *, graphdef, tc, document_bos=None):
   """Summed cross-entropy and token count (so batches can be pooled exactly)."""
-  _, (m, _) = loss_fn(params, graphdef, batch, tc)
+  _, (m, _) = loss_fn(params, graphdef, batch, tc, document_bos=document_bos)
   tokens = jnp.sum(batch['loss_mask'])
   return {'loss_sum': m['loss'] * tokens, 'tokens': tokens}
 
 
-def inspect_step(params, batch, *, graphdef):
+def inspect_step(params, batch, *, graphdef, document_bos=None):
   """Per-layer analysis statistics (F-Attn, M-Act, gate scores, sparsity) on one batch."""
-  return model_lib.inspect(nnx.merge(graphdef, params), batch['inputs'])[1]
+  return model_lib.inspect(nnx.merge(graphdef, params), batch['inputs'],
+                           segment_ids(batch, document_bos))[1]
 
 
-def eval_inspect_step(params, batch, *, graphdef):
+def eval_inspect_step(params, batch, *, graphdef, document_bos=None):
   """eval_step's sums and inspect_step's statistics from one forward pass (the inspect path's
   explicit attention), for the analysis, which inspects every batch."""
-  logits_BxTxV, stats = model_lib.inspect(nnx.merge(graphdef, params), batch['inputs'])
+  logits_BxTxV, stats = model_lib.inspect(nnx.merge(graphdef, params), batch['inputs'],
+                                          segment_ids(batch, document_bos))
   lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
   target = jnp.take_along_axis(logits_BxTxV, batch['targets'][..., None], -1)[..., 0]
   mask_BxT = batch['loss_mask']
@@ -185,10 +200,19 @@ def check_train_config(cfg, batch_shards: int, mesh_shape: dict):
                       f'config.data.seq_len={cfg.data.seq_len}.')
 
 
+def document_bos(cfg) -> int | None:
+  """The BOS id that starts each document when data.document_mask is on (the data's
+  tokenizer's), else None."""
+  if not cfg.data.get('document_mask', False):
+    return None
+  return int(input_pipeline.data_tokenizer(cfg.data).bos_id)
+
+
 class Setup:
   """Model structure, shardings and compiled steps for one config on one mesh.
 
   `model_cfg` is the typed ModelConfig (built here, at the boundary, for the mesh's platform);
+  `document_bos` the BOS id for document masking (None: off);
   `graphdef`, `abstract_params` / `abstract_opt` (ShapeDtypeStructs carrying their shardings),
   and the jitted `init_fn`, `train_step`, `eval_step`, `inspect_step`, `eval_inspect_step`.
   """
@@ -197,6 +221,7 @@ class Setup:
     self.cfg, self.mesh = cfg, mesh
     self.rules = sharding.get_rules(cfg.mesh.rules)
     self.model_cfg = ModelConfig.from_config(cfg.model, platform=mesh_platform(mesh))
+    self.document_bos = document_bos(cfg)
     self.graphdef, abstract_state = nnx.split(model_lib.abstract_model(self.model_cfg))
     self._shardings(abstract_state)
     check_train_config(cfg, self.batch_shards, dict(mesh.shape))
@@ -224,23 +249,26 @@ class Setup:
 
   def _compile_steps(self):
     with_rules, tc, replicated = self._with_rules, self.cfg.train, self.replicated
+    bos = self.document_bos
     self.init_fn = jax.jit(with_rules(self._init), out_shardings=(self.param_shardings,
                                                                    self.opt_shardings))
     self.train_step = jax.jit(
         with_rules(functools.partial(train_step, graphdef=self.graphdef, tc=tc,
                                      pools_stats=self.model_cfg.pools_ffn_stats,
-                                     optimizer=self.optimizer)),
+                                     optimizer=self.optimizer, document_bos=bos)),
         in_shardings=(self.param_shardings, self.opt_shardings, self.batch_sharding),
         out_shardings=(self.param_shardings, self.opt_shardings, replicated),
         static_argnums=(3,), donate_argnums=(0, 1))
     self.eval_step = jax.jit(
-        with_rules(functools.partial(eval_step, graphdef=self.graphdef, tc=tc)),
+        with_rules(functools.partial(eval_step, graphdef=self.graphdef, tc=tc,
+                                     document_bos=bos)),
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
     self.inspect_step = jax.jit(
-        with_rules(functools.partial(inspect_step, graphdef=self.graphdef)),
+        with_rules(functools.partial(inspect_step, graphdef=self.graphdef, document_bos=bos)),
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
     self.eval_inspect_step = jax.jit(
-        with_rules(functools.partial(eval_inspect_step, graphdef=self.graphdef)),
+        with_rules(functools.partial(eval_inspect_step, graphdef=self.graphdef,
+                                     document_bos=bos)),
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
 
   def _with_rules(self, f):

@@ -134,8 +134,17 @@ def apply_rope(x_BxTxNxd, positions_BxT, inv_freq, mscale=1.0):
 # Causal grouped-query attention
 # --------------------------------------------------------------------------------------------
 
-def causal_gqa_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd):
-  """Returns (output [B, T, H, d], probabilities [B, H, T, T]); head h reads KV head h // G."""
+def _visible(segment_ids_BxT, b, t):
+  """Keys query t of sequence b may see: 0..t, and of its own document with segment ids."""
+  keys = np.arange(t + 1)
+  if segment_ids_BxT is not None:
+    keys = keys[np.asarray(segment_ids_BxT)[b, :t + 1] == np.asarray(segment_ids_BxT)[b, t]]
+  return keys
+
+
+def causal_gqa_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, segment_ids_BxT=None):
+  """Returns (output [B, T, H, d], probabilities [B, H, T, T]); head h reads KV head h // G.
+  With `segment_ids_BxT` a query sees only the earlier keys of the same id (its document)."""
   B, T, H, d = q_BxTxHxd.shape
   K = k_BxTxKxd.shape[2]
   G = H // K
@@ -145,11 +154,32 @@ def causal_gqa_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd):
     for h in range(H):
       kv = h // G
       for t in range(T):
-        s = k_BxTxKxd[b, :t + 1, kv] @ q_BxTxHxd[b, t, h] / math.sqrt(d)   # keys 0..t only
+        keys = _visible(segment_ids_BxT, b, t)
+        s = k_BxTxKxd[b, keys, kv] @ q_BxTxHxd[b, t, h] / math.sqrt(d)
         p = softmax(s)
-        probs[b, h, t, :t + 1] = p
-        out[b, t, h] = p @ v_BxTxKxd[b, :t + 1, kv]
+        probs[b, h, t, keys] = p
+        out[b, t, h] = p @ v_BxTxKxd[b, keys, kv]
   return out, probs
+
+
+def causal_gqa_attention_grads(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, dout_BxTxHxd,
+                               segment_ids_BxT=None):
+  """Gradients (dq, dk, dv) of sum(causal_gqa_attention(q, k, v)[0] * dout), by hand:
+  dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(P dP)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d)."""
+  _, probs = causal_gqa_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, segment_ids_BxT)
+  B, T, H, d = q_BxTxHxd.shape
+  G = H // k_BxTxKxd.shape[2]
+  dq, dk, dv = (np.zeros(x.shape) for x in (q_BxTxHxd, k_BxTxKxd, v_BxTxKxd))
+  for b in range(B):
+    for h in range(H):
+      kv, p = h // G, probs[b, h]                                     # [T, T], zeros masked
+      do = dout_BxTxHxd[b, :, h]
+      dv[b, :, kv] += p.T @ do
+      dp = do @ v_BxTxKxd[b, :, kv].T
+      ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True)) / math.sqrt(d)
+      dq[b, :, h] = ds @ k_BxTxKxd[b, :, kv]
+      dk[b, :, kv] += ds.T @ q_BxTxHxd[b, :, h]
+  return dq, dk, dv
 
 
 # --------------------------------------------------------------------------------------------

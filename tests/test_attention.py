@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import attention
+from gated_attention import attention, attention_kernels
 from tests import reference as ref
 from gated_attention import layers
 from tests.jax_helpers import model_config, perturb
@@ -93,6 +93,68 @@ def test_explicit_attention_is_causal():
   for a, b in ((y0, y1), (f0, f1)):
     np.testing.assert_allclose(a[:, :t], b[:, :t], rtol=0, atol=1e-6)
     assert not np.allclose(a[:, t:], b[:, t:])
+
+
+# --------------------------------------------------------------------------------------------
+# Document masking (segment ids) and the fused cores, outputs and gradients
+# --------------------------------------------------------------------------------------------
+
+BOS = 9
+# Window 0 starts inside a document (id 0), then two more begin: three documents. Window 1 starts
+# with BOS (one document, id 1).
+DOC_TOKENS = np.array([[3, 4, 5, BOS, 1, 2, 6, BOS, 7, 8, 1, 2],
+                       [BOS, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]], np.int32)
+DOC_IDS = np.array([[0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2], [1] * 12], np.int32)
+
+
+def test_document_ids_count_bos_tokens():
+  np.testing.assert_array_equal(attention_kernels.document_ids(jnp.asarray(DOC_TOKENS), BOS),
+                                DOC_IDS)
+
+
+def _qkv_dout(H, K, T, d=8, B=2):
+  q, k, v = _randn(20, (B, T, H, d), 2.0), _randn(21, (B, T, K, d)), _randn(22, (B, T, K, d))
+  return q, k, v, _randn(23, (B, T, H, d))
+
+
+def _check_core(core, segment_ids, H=4, K=2, tol=TOL):
+  """core(q, k, v) against the float64 reference: outputs and the gradients of sum(out * dout)."""
+  T = DOC_IDS.shape[1]
+  q, k, v, dout = _qkv_dout(H, K, T)
+  out, vjp = jax.vjp(core, q, k, v)
+  grads = vjp(dout)
+  seg = None if segment_ids is None else np.asarray(segment_ids)
+  want, _ = ref.causal_gqa_attention(_f64(q), _f64(k), _f64(v), seg)
+  want_grads = ref.causal_gqa_attention_grads(_f64(q), _f64(k), _f64(v), _f64(dout), seg)
+  np.testing.assert_allclose(out, want, **tol)
+  for got, exp, name in zip(grads, want_grads, 'qkv'):
+    np.testing.assert_allclose(got, exp, err_msg=f'd{name}', **tol)
+
+
+DOC_CORES = {
+    'explicit': lambda q, k, v, s: attention.explicit_attention(q, k, v, segment_ids_BxT=s)[0],
+    'xla': lambda q, k, v, s: attention_kernels.attend(q, k, v, 'xla', s),
+}
+
+
+@pytest.mark.parametrize('masked', [True, False], ids=['documents', 'causal'])
+@pytest.mark.parametrize('core', list(DOC_CORES))
+def test_core_matches_reference_with_gradients(core, masked):
+  seg = jnp.asarray(DOC_IDS) if masked else None
+  _check_core(jax.jit(lambda q, k, v: DOC_CORES[core](q, k, v, seg)), seg)
+
+
+def test_document_mask_hides_other_documents():
+  """Changing document 1 of window 0 (positions 3..6) changes nothing else in that window."""
+  q, k, v, _ = _qkv_dout(4, 2, DOC_IDS.shape[1])
+  seg = jnp.asarray(DOC_IDS)
+  attend = jax.jit(lambda k, v: attention_kernels.attend(q, k, v, 'xla', seg))
+  y0 = attend(k, v)
+  y1 = attend(k.at[0, 3:7].add(1.0), v.at[0, 3:7].add(1.0))
+  other = np.r_[0:3, 7:12]
+  np.testing.assert_allclose(y1[0, other], y0[0, other], rtol=0, atol=1e-6)
+  assert not np.allclose(y1[0, 3:7], y0[0, 3:7])
+  np.testing.assert_array_equal(y1[1], y0[1])
 
 
 # --------------------------------------------------------------------------------------------

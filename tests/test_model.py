@@ -142,6 +142,26 @@ def test_changing_a_token_never_changes_earlier_logits(built, case):
     assert np.abs(changed[:, t] - base[:, t]).max() > 1e-4     # the changed position did change
 
 
+def test_document_mask_makes_each_document_its_own_sequence(built):
+  """With document masking, a document's logits in a packed window equal those of the document
+  alone at positions 0.. (RoPE sees distances only), and the unmasked window differs."""
+  m = built('g1_elementwise')
+  bos = m.cfg.vocab_size - 1
+  doc_a, doc_b = [bos, 5, 6, 7, 8], [bos, 9, 10, 11, 12]
+  window = jnp.asarray([[1, 2, 3] + doc_a + doc_b], jnp.int32)                  # 3 documents
+  graphdef = nnx.graphdef(m.model)
+  fwd = jax.jit(lambda st, t, bos: nnx.merge(graphdef, st)(
+      t, segment_ids_BxT=None if bos is None else model.document_ids(t, bos))[0],
+      static_argnums=2)
+  masked, plain = fwd(m.state, window, bos), fwd(m.state, window, None)
+  alone_a = fwd(m.state, jnp.asarray([doc_a]), None)
+  alone_b = fwd(m.state, jnp.asarray([doc_b]), None)
+  np.testing.assert_allclose(masked[0, 3:8], alone_a[0], rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(masked[0, 8:], alone_b[0], rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(masked[0, :3], plain[0, :3], rtol=0, atol=1e-6)  # first document
+  assert np.abs(plain[0, 8:] - alone_b[0]).max() > 1e-3
+
+
 # --------------------------------------------------------------------------------------------
 # Inspect statistics at the model level
 # --------------------------------------------------------------------------------------------

@@ -248,3 +248,28 @@ def test_init_from_starts_a_new_run_from_another_runs_weights(trained, tmp_path,
   assert sorted(warm) == [1, 2]
   assert warm[1]['loss'] < scratch[1]['loss'] - 1.5       # it starts where the source ended
   assert abs(warm[1]['loss'] - scratch[40]['loss']) < 0.5
+
+
+def test_document_mask_takes_the_data_tokenizers_bos():
+  assert train_lib.document_bos(tiny_config()) is None                       # off by default
+  assert train_lib.document_bos(tiny_config(**{'data.document_mask': True})) == 256   # byte BOS
+  synthetic = tiny_config(**{'data.document_mask': True, 'data.source': 'synthetic'})
+  assert train_lib.document_bos(synthetic) == synthetic.data.synthetic.vocab
+
+
+def test_document_mask_changes_the_loss_only_when_on():
+  """loss_fn with document_bos masks across the BOS inside the window, and without it equals
+  the plain loss; a window with no BOS after position 0 is the same either way."""
+  setup = train_lib.Setup(tiny_config(), sharding.build_mesh(tiny_config().mesh))
+  params, _ = setup.init(0)
+  tokens = np.random.default_rng(0).integers(0, 256, (2, 33)).astype(np.int32)
+  tokens[:, 0] = 256
+  one_doc = {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:],
+             'loss_mask': np.ones((2, 32), np.float32)}
+  two_docs = dict(one_doc, inputs=one_doc['inputs'].copy())
+  two_docs['inputs'][:, 16] = 256
+  loss = jax.jit(lambda p, b, bos: train_lib.loss_fn(p, setup.graphdef, b, setup.cfg.train,
+                                                     document_bos=bos)[0], static_argnums=2)
+  assert float(loss(params, one_doc, 256)) == pytest.approx(float(loss(params, one_doc, None)),
+                                                            rel=1e-6)
+  assert abs(float(loss(params, two_docs, 256)) - float(loss(params, two_docs, None))) > 1e-4
