@@ -74,7 +74,12 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
       init_std=0.02,
       dtype='float32',          # compute dtype; params are always float32
       remat='none',             # none | full | dots (save matmul outputs) | dots_no_batch
-      attention_impl='auto',    # auto | xla | cudnn (passed to jax.nn.dot_product_attention)
+      # auto (splash on TPU, cudnn on GPU where they fit, else xla) | xla | cudnn | splash
+      # (Pallas, TPU) | blockwise (pure-JAX online softmax); gated_attention/attention_kernels.py
+      attention_impl='auto',
+      attention_block_q=0,      # splash / blockwise query tile (0: 512 splash, 128 blockwise)
+      attention_block_kv=0,     # splash / blockwise key tile; both divide data.seq_len (splash:
+                                # multiples of 128); capped at data.seq_len
       gate=gate_config(),
       moe=moe_config(),
   ))

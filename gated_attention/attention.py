@@ -88,7 +88,8 @@ class Attention(Inspectable, nnx.Module):
     self.gate = gating.Gate(cfg.gate, hidden_size=D, num_heads=H, num_kv_heads=K, head_dim=d,
                             init_std=std, rngs=rngs, norm_eps=cfg.norm_eps)
     self.dtype = cfg.compute_dtype
-    self.impl = cfg.attention_impl
+    self.impl, self.platform = cfg.attention_impl, cfg.platform
+    self.blocks = (cfg.attention_block_q, cfg.attention_block_kv)
     self.attn_map_len = ATTN_MAP_LEN
     self.inspect = False
 
@@ -117,7 +118,9 @@ class Attention(Inspectable, nnx.Module):
     elif self.inspect:
       y_BxTxHxd = self._inspected_attention(q, k, v, segment_ids_BxT)
     else:
-      y_BxTxHxd = attention_kernels.attend(q, k, v, self.impl, segment_ids_BxT)
+      y_BxTxHxd = attention_kernels.attend(q, k, v, self.impl, segment_ids_BxT,
+                                           block_q=self.blocks[0], block_kv=self.blocks[1],
+                                           platform=self.platform)
     y_BxTxHxd = gate('sdpa', y_BxTxHxd, x_BxTxD)
     if self.inspect:
       self.sow(nnx.Intermediate, 'sdpa_post_gate', sparsity(y_BxTxHxd))

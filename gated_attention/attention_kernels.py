@@ -1,16 +1,35 @@
-"""Causal attention cores for training, with optional document masking.
+"""Causal attention cores for training, one per backend, with optional document masking.
 
-    y_BxTxHxd = attend(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, impl='xla', segment_ids_BxT=None)
+    y_BxTxHxd = attend(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, impl, segment_ids_BxT=None,
+                       block_q=0, block_kv=0, platform='cpu')
 
 Shapes as in attention.py: B batch, T sequence, H query heads, K KV heads (query head h reads KV
-head h // (H // K)), d head_dim. Every core computes the scaled dot-product attention of Qiu et
-al. 2025, Sec. 2.1 (softmax(Q K^T / sqrt(d)) V, causal); the gate acts on its inputs or output
+head h // G, G = H // K), d head_dim. Every core computes the scaled dot-product attention of Qiu
+et al. 2025, Sec. 2.1 (softmax(Q K^T / sqrt(d)) V, causal); the gate acts on its inputs or output
 in attention.py, never in here.
 
 `impl` (config.model.attention_impl):
-  xla     jax.nn.dot_product_attention(implementation='xla'): the [B, H, T, T] scores in memory.
-  cudnn   jax.nn.dot_product_attention(implementation='cudnn'): cuDNN flash attention (GPU).
-  auto    jax.nn.dot_product_attention's own default (XLA's).
+  xla        jax.nn.dot_product_attention(implementation='xla'): the [B, H, T, T] scores in memory.
+  cudnn      jax.nn.dot_product_attention(implementation='cudnn'): cuDNN flash attention (GPU;
+             bfloat16 / float16, head_dim a multiple of 8 up to 128).
+  splash     Pallas splash attention (TPU): block-sparse causal kernel over block_q x block_kv
+             tiles (multiples of 128 dividing T; default 512). On other platforms it runs in the
+             Pallas interpreter (correct and slow: for tests).
+  blockwise  pure JAX: a loop over query blocks, each an online softmax over the key blocks at or
+             before it (flash attention's recurrence, Dao et al. 2022), with a custom backward that
+             recomputes each tile's probabilities from the saved log-sum-exp. At most one
+             [block_q, block_kv] tile of scores per head exists at a time, forward and backward,
+             and key tiles after the query tile are skipped. Tiles divide T (default 128).
+  auto       `choose`: splash on TPU and cudnn on GPU where the shapes and dtype allow, else xla;
+             on CPU blockwise from T = 512 (BLOCKWISE_MIN_T_CPU), else xla.
+
+Why blockwise from 512 on CPU: benchmarks/attention.py (forward + backward of the tiny model's
+heads, H=4, K=2, d=32, 4096 tokens per call, float32) on this project's 2-core CPU, in ms:
+  T          128   256   512   1024   2048   4096
+  xla         45    88   177    443    978   2045
+  blockwise   55    80   112    182  360-556    -   (128-token tiles; 734 with 256 at 4096)
+Blockwise wins from T=256 and by 1.6x-2.7x from 512, and its memory is linear in T; at T=128 (the
+default `tiny` run) xla stays, which also keeps that run's numbers as they were.
 
 Document masking (data.document_mask): packed windows hold several documents (input_pipeline
 packing.py joins them, each starting with BOS). With `segment_ids_BxT` (int, [B, T]) a query
@@ -18,13 +37,24 @@ attends only to keys at or before it *with the same id*; `document_ids` numbers 
 a window from its tokens (the count of BOS tokens up to and including each token), so the
 pipeline's batches need no extra field. A token always sees itself, so no softmax row is empty.
 With xla / cudnn the mask is a boolean [B, 1, T, T] passed as `mask=` (cuDNN turns it into an
-additive bias; jax.nn.dot_product_attention has no segment-id argument).
+additive bias; jax.nn.dot_product_attention has no segment-id argument); splash takes segment ids
+natively; blockwise compares the ids of each tile.
 """
+
+import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
-IMPLS = ('auto', 'xla', 'cudnn')
+from gated_attention import sharding
+from gated_attention.errors import ConfigError
+
+IMPLS = ('auto', 'xla', 'cudnn', 'splash', 'blockwise')
+DEFAULT_BLOCKS = {'splash': 512, 'blockwise': 128}  # config block size 0: these
+BLOCKWISE_MIN_T_CPU = 512   # 'auto' on CPU: blockwise from this sequence length (measured above)
+_NEG = -1e30        # a masked score: finite, so fully masked tiles never give inf - inf
+_LANES = 128        # splash tiles are multiples of the TPU lane width
 
 
 def document_ids(tokens_BxT: jax.Array, bos_id: int) -> jax.Array:
@@ -43,14 +73,234 @@ def same_document_BxTxS(q_segment_ids_BxT: jax.Array, kv_segment_ids_BxS: jax.Ar
   return q_segment_ids_BxT[:, :, None] == kv_segment_ids_BxS[:, None, :]
 
 
-def attend(q_BxTxHxd: jax.Array, k_BxTxKxd: jax.Array, v_BxTxKxd: jax.Array, impl: str = 'auto',
-           segment_ids_BxT: jax.Array | None = None) -> jax.Array:
-  """Causal attention [B, T, H, d] by `impl` (see the module doc), within documents when
-  `segment_ids_BxT` is given."""
+# --------------------------------------------------------------------------------------------
+# Choosing an implementation
+# --------------------------------------------------------------------------------------------
+
+def blocks(impl: str, T: int, block_q: int, block_kv: int) -> tuple[int, int]:
+  """The tile sizes `impl` uses at sequence length T: the configured ones (0: DEFAULT_BLOCKS),
+  capped at T."""
+  return tuple(min(b or DEFAULT_BLOCKS[impl], T) for b in (block_q, block_kv))
+
+
+def block_problem(impl: str, T: int, block_q: int, block_kv: int) -> str | None:
+  """Why `impl` cannot tile a sequence of T tokens with these blocks (None: it can)."""
+  if impl not in DEFAULT_BLOCKS:
+    return None
+  bq, bkv = blocks(impl, T, block_q, block_kv)
+  if T % bq or T % bkv:
+    return f'the blocks ({bq}, {bkv}) must divide the sequence length {T}'
+  if impl == 'splash' and (bq % _LANES or bkv % _LANES):
+    return f'splash needs blocks that are multiples of {_LANES}, got ({bq}, {bkv})'
+  return None
+
+
+def cudnn_fits(dtype, head_dim: int, T: int, masked: bool) -> bool:
+  """Whether cuDNN flash attention takes these inputs (jax's check_is_flash_attention)."""
+  return (jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0
+          and head_dim <= 128 and not (masked and T % 2))
+
+
+def choose(impl: str, platform: str, dtype, T: int, head_dim: int, block_q: int,
+           block_kv: int, masked: bool = False) -> str:
+  """The implementation 'auto' stands for here (any other `impl` is returned as it is)."""
+  if impl != 'auto':
+    return impl
+  if platform == 'tpu' and block_problem('splash', T, block_q, block_kv) is None:
+    return 'splash'
+  if platform == 'gpu' and cudnn_fits(dtype, head_dim, T, masked):
+    return 'cudnn'
+  if (platform == 'cpu' and T >= BLOCKWISE_MIN_T_CPU
+      and block_problem('blockwise', T, block_q, block_kv) is None):
+    return 'blockwise'
+  return 'xla'
+
+
+def check(impl: str, T: int, block_q: int, block_kv: int):
+  """Raises ConfigError naming the fields when `impl` cannot run at sequence length T."""
   if impl not in IMPLS:
-    raise ValueError(f'attention impl {impl!r} is not one of {", ".join(IMPLS)}.')
+    raise ConfigError(f'config.model.attention_impl={impl!r} is not one of {", ".join(IMPLS)}.')
+  problem = block_problem(impl, T, block_q, block_kv)
+  if problem:
+    raise ConfigError(f'config.model.attention_impl={impl!r} at data.seq_len={T}: {problem}; '
+                      'set config.model.attention_block_q / attention_block_kv, or another '
+                      f'attention_impl (one of {", ".join(IMPLS)}).')
+
+
+def attend(q_BxTxHxd: jax.Array, k_BxTxKxd: jax.Array, v_BxTxKxd: jax.Array, impl: str = 'auto',
+           segment_ids_BxT: jax.Array | None = None, *, block_q: int = 0, block_kv: int = 0,
+           platform: str | None = None) -> jax.Array:
+  """Causal attention [B, T, H, d] by `impl` (see the module doc), within documents when
+  `segment_ids_BxT` is given. `platform` (default: JAX's backend) decides 'auto'."""
+  T, d = q_BxTxHxd.shape[1], q_BxTxHxd.shape[3]
+  platform = platform or jax.default_backend()
+  impl = choose(impl, platform, q_BxTxHxd.dtype, T, d, block_q, block_kv,
+                segment_ids_BxT is not None)
+  check(impl, T, block_q, block_kv)
+  args = (q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, segment_ids_BxT)
+  if impl == 'splash':
+    return splash_attention(*args, block_q=block_q, block_kv=block_kv,
+                            interpret=platform != 'tpu')
+  if impl == 'blockwise':
+    return blockwise_attention(*args, block_q=block_q, block_kv=block_kv)
   mask = None
   if segment_ids_BxT is not None:
     mask = same_document_BxTxS(segment_ids_BxT, segment_ids_BxT)[:, None]   # [B, 1, T, T]
   return jax.nn.dot_product_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, mask=mask, is_causal=True,
-                                      implementation=None if impl == 'auto' else impl)
+                                      implementation=impl)
+
+
+# --------------------------------------------------------------------------------------------
+# Pallas splash attention (TPU)
+# --------------------------------------------------------------------------------------------
+
+def splash_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, segment_ids_BxT=None, *, block_q: int = 0,
+                     block_kv: int = 0, interpret: bool = False) -> jax.Array:
+  """Splash attention, causal (its block-sparse mask skips tiles above the diagonal), per
+  sequence (vmap), each data-parallel shard on its own (shard_map over the batch axes)."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # pylint: disable=g-import-not-at-top
+  _, T, H, d = q_BxTxHxd.shape
+  bq, bkv = blocks('splash', T, block_q, block_kv)
+  sizes = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq,
+                        block_kv_dkv=bkv, block_kv_dkv_compute=bkv, block_q_dq=bq,
+                        block_kv_dq=bkv)
+  mask = sa.MultiHeadMask([sa.CausalMask((T, T)) for _ in range(H)])
+
+  def per_shard(q, k, v, seg):
+    kernel = sa.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                interpret=interpret)
+    q_HxTxd = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [B, T, N, d] -> [B, N, T, d]
+    q, k, v = q_HxTxd(q * jnp.asarray(1 / math.sqrt(d), q.dtype)), q_HxTxd(k), q_HxTxd(v)
+    if seg is None:
+      y = jax.vmap(kernel)(q, k, v)
+    else:
+      y = jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=sa.SegmentIds(s, s)))(
+          q, k, v, seg)
+    return jnp.swapaxes(y, 1, 2)
+
+  # Pallas calls cannot declare how their outputs vary over the manual mesh axes.
+  return sharding.per_batch_shard(per_shard, q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, segment_ids_BxT,
+                                  check_vma=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Blockwise (online softmax) attention in pure JAX
+# --------------------------------------------------------------------------------------------
+
+def blockwise_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, segment_ids_BxT=None, *,
+                        block_q: int = 0, block_kv: int = 0) -> jax.Array:
+  """Causal attention that never holds more than one [block_q, block_kv] tile of scores per
+  head (see the module doc); blocks (0: 128) are capped at T and must divide it."""
+  B, T, H, d = q_BxTxHxd.shape
+  K = k_BxTxKxd.shape[2]
+  bq, bkv = blocks('blockwise', T, block_q, block_kv)
+  if T % bq or T % bkv:
+    raise ValueError(f'blockwise attention: blocks ({bq}, {bkv}) must divide T={T}.')
+  seg_BxT = (jnp.zeros((B, T), jnp.int32) if segment_ids_BxT is None
+             else segment_ids_BxT.astype(jnp.int32))
+  q_BxTxKxGxd = q_BxTxHxd.reshape(B, T, K, H // K, d)
+  y_BxTxKxGxd = _blockwise(q_BxTxKxGxd, k_BxTxKxd, v_BxTxKxd, seg_BxT, bq, bkv)
+  return y_BxTxKxGxd.reshape(B, T, H, d)
+
+
+def _tile(x, i, size):
+  """Block i (of `size` along the sequence axis, axis 1) of x."""
+  return jax.lax.dynamic_slice_in_dim(x, i * size, size, axis=1)
+
+
+def _tile_scores(q_Bxbqx, k_Bxbkvx, seg_q, seg_k, i, j, bq, bkv):
+  """Scaled scores [B, K, G, bq, bkv] (float32) of query tile i and key tile j, and their mask
+  (causal, same document)."""
+  d = q_Bxbqx.shape[-1]
+  s = jnp.einsum('bqkgd,bckd->bkgqc', q_Bxbqx, k_Bxbkvx,
+                 preferred_element_type=jnp.float32) * (1.0 / math.sqrt(d))
+  causal = (j * bkv + jnp.arange(bkv))[None, :] <= (i * bq + jnp.arange(bq))[:, None]
+  mask = (causal[None] & (seg_q[:, :, None] == seg_k[:, None, :]))[:, None, None]
+  return jnp.where(mask, s, _NEG), mask
+
+
+def _forward(q, k, v, seg, bq, bkv):
+  """Outputs [B, T, K, G, d] and log-sum-exp [B, K, G, T] (float32)."""
+  B, T, K, G, d = q.shape
+
+  def q_block(i):
+    qi, sq = _tile(q, i, bq), _tile(seg, i, bq)
+
+    def kv_step(j, carry):
+      m, l, acc = carry
+      s, mask = _tile_scores(qi, _tile(k, j, bkv), sq, _tile(seg, j, bkv), i, j, bq, bkv)
+      m_new = jnp.maximum(m, s.max(-1))
+      p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+      corr = jnp.exp(m - m_new)
+      pv = jnp.einsum('bkgqc,bckd->bkgqd', p.astype(v.dtype), _tile(v, j, bkv),
+                      preferred_element_type=jnp.float32)
+      return m_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
+
+    init = (jnp.full((B, K, G, bq), _NEG, jnp.float32), jnp.zeros((B, K, G, bq), jnp.float32),
+            jnp.zeros((B, K, G, bq, d), jnp.float32))
+    last = ((i + 1) * bq - 1) // bkv                      # the last key tile a query here sees
+    m, l, acc = jax.lax.fori_loop(0, last + 1, kv_step, init)
+    return acc / l[..., None], m + jnp.log(l)
+
+  out, lse = jax.lax.map(q_block, jnp.arange(T // bq))  # [n, B, K, G, bq, (d)]
+  out = jnp.transpose(out, (1, 0, 4, 2, 3, 5)).reshape(B, T, K, G, d).astype(q.dtype)
+  lse = jnp.moveaxis(lse, 0, 3).reshape(B, K, G, T)
+  return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _blockwise(q, k, v, seg, bq, bkv):
+  return _forward(q, k, v, seg, bq, bkv)[0]
+
+
+def _blockwise_fwd(q, k, v, seg, bq, bkv):
+  out, lse = _forward(q, k, v, seg, bq, bkv)
+  return out, (q, k, v, seg, out, lse)
+
+
+def _tile_grads(q, k, v, seg, dout, lse, delta, i, j, bq, bkv):
+  """For query tile i and key tile j: the probabilities p and dS = p (dP - delta), each
+  [B, K, G, bq, bkv] float32 (recomputed from the saved log-sum-exp)."""
+  s, mask = _tile_scores(_tile(q, i, bq), _tile(k, j, bkv), _tile(seg, i, bq),
+                         _tile(seg, j, bkv), i, j, bq, bkv)
+  lse_i = jax.lax.dynamic_slice_in_dim(lse, i * bq, bq, axis=3)
+  p = jnp.where(mask, jnp.exp(s - lse_i[..., None]), 0.0)
+  dp = jnp.einsum('bqkgd,bckd->bkgqc', _tile(dout, i, bq), _tile(v, j, bkv),
+                  preferred_element_type=jnp.float32)
+  delta_i = jax.lax.dynamic_slice_in_dim(delta, i * bq, bq, axis=3)
+  return p, p * (dp - delta_i[..., None])
+
+
+def _blockwise_bwd(bq, bkv, res, dout):
+  """dQ row tile by row tile, dK and dV column tile by column tile (two passes, each over the
+  tiles at or below the diagonal only)."""
+  q, k, v, seg, out, lse = res
+  B, T, K, G, d = q.shape
+  scale = 1.0 / math.sqrt(d)
+  delta = jnp.einsum('btkgd,btkgd->bkgt', dout.astype(jnp.float32), out.astype(jnp.float32))
+  grads = functools.partial(_tile_grads, q, k, v, seg, dout, lse, delta, bq=bq, bkv=bkv)
+
+  def dq_block(i):
+    def step(j, dq):
+      _, ds = grads(i=i, j=j)
+      return dq + jnp.einsum('bkgqc,bckd->bqkgd', ds, _tile(k, j, bkv).astype(jnp.float32))
+    zero = jnp.zeros((B, bq, K, G, d), jnp.float32)
+    return jax.lax.fori_loop(0, ((i + 1) * bq - 1) // bkv + 1, step, zero)
+
+  def dkv_block(j):
+    def step(i, carry):
+      dk, dv = carry
+      p, ds = grads(i=i, j=j)
+      dv = dv + jnp.einsum('bkgqc,bqkgd->bckd', p, _tile(dout, i, bq).astype(jnp.float32))
+      return dk + jnp.einsum('bkgqc,bqkgd->bckd', ds, _tile(q, i, bq).astype(jnp.float32)), dv
+    zero = jnp.zeros((B, bkv, K, d), jnp.float32)
+    return jax.lax.fori_loop((j * bkv) // bq, T // bq, step, (zero, zero))
+
+  untile = lambda x: jnp.moveaxis(x, 0, 1).reshape(B, T, *x.shape[3:])  # noqa: E731
+  dq = untile(jax.lax.map(dq_block, jnp.arange(T // bq))) * scale
+  dk, dv = jax.lax.map(dkv_block, jnp.arange(T // bkv))
+  return (dq.astype(q.dtype), (untile(dk) * scale).astype(k.dtype), untile(dv).astype(v.dtype),
+          None)
+
+
+_blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)

@@ -16,13 +16,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from gated_attention import attention_kernels
 from gated_attention.errors import ConfigError
 from gated_attention.gating import GateSpec
 from gated_attention.moe import MoESpec
 from gated_attention.rope import RopeScaling
 
 REMAT = ('none', 'full', 'dots', 'dots_no_batch')
-ATTENTION_IMPLS = ('auto', 'xla', 'cudnn')
+ATTENTION_IMPLS = attention_kernels.IMPLS  # auto | xla | cudnn | splash | blockwise
 ROPE_SCALINGS = ('none', 'yarn')
 __all__ = ['ModelConfig', 'RopeScaling', 'dense_ffn_size']
 
@@ -47,6 +48,9 @@ class ModelConfig:
   dtype: str = 'float32'        # compute dtype; parameters are always float32
   remat: str = 'none'
   attention_impl: str = 'auto'
+  attention_block_q: int = 0    # splash / blockwise tiles (0: the kernel's default; capped at T)
+  attention_block_kv: int = 0
+  platform: str = ''            # where the model runs (from_config; '': JAX's default backend)
   gate: GateSpec = GateSpec()
   moe: MoESpec | None = None    # None: a dense SwiGLU FFN
 
@@ -66,9 +70,12 @@ class ModelConfig:
       bad('ffn_size', f'must be positive for a dense model, got {self.ffn_size}.')
     if self.remat not in REMAT:
       bad('remat', f'{self.remat!r} is not one of {", ".join(REMAT)}.')
+    for field in ('attention_block_q', 'attention_block_kv'):
+      if getattr(self, field) < 0:
+        bad(field, f'must be 0 (the kernel\'s default) or positive, got {getattr(self, field)}.')
     if self.attention_impl not in ATTENTION_IMPLS:
       bad('attention_impl', f'{self.attention_impl!r} is not one of '
-          f'{", ".join(ATTENTION_IMPLS)}.')
+          f'{", ".join(ATTENTION_IMPLS)} (attention_kernels.py describes each).')
     if self.rope_scaling.type not in ROPE_SCALINGS:
       bad('rope_scaling.type', f'{self.rope_scaling.type!r} is not one of '
           f'{", ".join(ROPE_SCALINGS)}.')
@@ -81,19 +88,21 @@ class ModelConfig:
   @classmethod
   def from_config(cls, m, *, platform: str | None = None) -> 'ModelConfig':
     """From the run config's `model` section (a ConfigDict or dict). `platform` picks the MoE
-    grouped-matmul kernel for 'auto' (default: JAX's default backend)."""
+    grouped-matmul kernel and the attention kernel for 'auto' (default: JAX's default
+    backend)."""
+    platform = platform or jax.default_backend()
     m = m.to_dict() if hasattr(m, 'to_dict') else dict(m)
     gate = GateSpec.from_config(m['gate'])
     moe = None
     if m['moe']['num_experts'] > 0:
-      moe = MoESpec.from_config(m['moe'], platform or jax.default_backend())
+      moe = MoESpec.from_config(m['moe'], platform)
     fields = {f.name for f in dataclasses.fields(cls)} - {'gate', 'moe', 'rope_scaling',
-                                                          'ffn_size'}
+                                                          'ffn_size', 'platform'}
     scaling = dict(m.get('rope_scaling') or {})
     return cls(**{k: m[k] for k in fields if k in m},
                rope_scaling=RopeScaling(**scaling),
                ffn_size=0 if moe else dense_ffn_size(m, gate),
-               gate=gate, moe=moe)
+               gate=gate, moe=moe, platform=platform)
 
   @property
   def compute_dtype(self):

@@ -295,12 +295,13 @@ def param_specs(abstract_state, rules: dict, mesh_shape=None):
   return jax.tree.map(spec, abstract_state, is_leaf=lambda v: isinstance(v, nnx.Variable))
 
 
-def per_batch_shard(fn, *args):
+def per_batch_shard(fn, *args, check_vma: bool = True):
   """fn(*args) run separately on each data-parallel shard (shard_map over the 'batch' axes).
 
   For per-token functions that GSPMD would not split by batch (e.g. `jax.lax.top_k`, which it
-  gathers whole). Every array in `args` and in the output has the batch (token) dimension
-  first; non-array args are passed through. Without rules or a multi-device mesh: fn(*args).
+  gathers whole), and kernels it cannot partition (Pallas: pass check_vma=False). Every array in
+  `args` and in the output has the batch (token) dimension first; non-array args are passed
+  through. Without rules or a multi-device mesh: fn(*args).
   """
   rules = _RULES.get()
   mesh = jax.sharding.get_abstract_mesh()
@@ -318,4 +319,4 @@ def per_batch_shard(fn, *args):
     return fn(*full)
 
   return jax.shard_map(body, mesh=mesh, in_specs=tuple(spec for _ in arrays),
-                       out_specs=spec)(*(args[i] for i in arrays))
+                       out_specs=spec, check_vma=check_vma)(*(args[i] for i in arrays))

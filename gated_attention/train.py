@@ -19,6 +19,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import input_pipeline
+from gated_attention import attention_kernels
 from gated_attention import model as model_lib
 from gated_attention import sharding
 from gated_attention.config import ModelConfig
@@ -194,6 +195,9 @@ def check_train_config(cfg, batch_shards: int, mesh_shape: dict):
     if size % batch_shards:
       raise ConfigError(f'config.train.{name}={size} must be divisible by the {batch_shards} '
                         f'data-parallel shards of mesh {mesh_shape}.')
+  m = cfg.model
+  attention_kernels.check(m.attention_impl, cfg.data.seq_len, m.attention_block_q,
+                          m.attention_block_kv)
   chunk = tc.loss_chunk_size
   if chunk < 0 or (chunk and cfg.data.seq_len % chunk):
     raise ConfigError(f'config.train.loss_chunk_size={chunk} must be 0 (off) or divide '

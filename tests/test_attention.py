@@ -117,9 +117,8 @@ def _qkv_dout(H, K, T, d=8, B=2):
   return q, k, v, _randn(23, (B, T, H, d))
 
 
-def _check_core(core, segment_ids, H=4, K=2, tol=TOL):
+def _check_core(core, segment_ids, H=4, K=2, T=DOC_IDS.shape[1], tol=TOL):
   """core(q, k, v) against the float64 reference: outputs and the gradients of sum(out * dout)."""
-  T = DOC_IDS.shape[1]
   q, k, v, dout = _qkv_dout(H, K, T)
   out, vjp = jax.vjp(core, q, k, v)
   grads = vjp(dout)
@@ -134,6 +133,9 @@ def _check_core(core, segment_ids, H=4, K=2, tol=TOL):
 DOC_CORES = {
     'explicit': lambda q, k, v, s: attention.explicit_attention(q, k, v, segment_ids_BxT=s)[0],
     'xla': lambda q, k, v, s: attention_kernels.attend(q, k, v, 'xla', s),
+    # tiles of 4 queries x 6 keys: tiles straddle documents and the diagonal
+    'blockwise': lambda q, k, v, s: attention_kernels.attend(q, k, v, 'blockwise', s,
+                                                             block_q=4, block_kv=6),
 }
 
 
@@ -142,6 +144,54 @@ DOC_CORES = {
 def test_core_matches_reference_with_gradients(core, masked):
   seg = jnp.asarray(DOC_IDS) if masked else None
   _check_core(jax.jit(lambda q, k, v: DOC_CORES[core](q, k, v, seg)), seg)
+
+
+@pytest.mark.parametrize('H,K', [(6, 2), pytest.param(4, 4, marks=pytest.mark.slow),
+                                 pytest.param(4, 1, marks=pytest.mark.slow)])
+def test_blockwise_gqa_head_mapping(H, K):
+  """Other head groupings, with tiles of 6 queries x 4 keys (the other way round)."""
+  seg = jnp.asarray(DOC_IDS)
+  _check_core(jax.jit(lambda q, k, v: attention_kernels.blockwise_attention(
+      q, k, v, seg, block_q=6, block_kv=4)), seg, H=H, K=K)
+
+
+def test_splash_in_interpret_mode_matches_reference_with_gradients():
+  """Pallas splash attention, run by the Pallas interpreter on CPU: GQA, three documents in
+  window 0, 128-token tiles (its minimum) over T=256, so tiles below the diagonal, on it, and
+  skipped above it all occur."""
+  T = 256
+  seg = np.zeros((2, T), np.int32)
+  seg[0, 100:], seg[0, 200:], seg[1] = 1, 2, 1
+  core = lambda q, k, v: attention_kernels.attend(  # noqa: E731
+      q, k, v, 'splash', jnp.asarray(seg), block_q=128, block_kv=128, platform='cpu')
+  _check_core(jax.jit(core), seg, T=T, tol=dict(rtol=2e-4, atol=2e-4))
+
+
+def test_auto_choice_per_platform():
+  choose = attention_kernels.choose
+  assert choose('auto', 'tpu', jnp.bfloat16, 4096, 128, 0, 0) == 'splash'
+  assert choose('auto', 'tpu', jnp.bfloat16, 100, 128, 0, 0) == 'xla'        # no 128-tile
+  assert choose('auto', 'gpu', jnp.bfloat16, 4096, 128, 0, 0) == 'cudnn'
+  assert choose('auto', 'gpu', jnp.float32, 4096, 128, 0, 0) == 'xla'        # cuDNN: 16-bit
+  assert choose('auto', 'gpu', jnp.bfloat16, 4096, 256, 0, 0) == 'xla'       # head_dim > 128
+  assert choose('auto', 'gpu', jnp.bfloat16, 4095, 128, 0, 0, masked=True) == 'xla'
+  assert choose('auto', 'cpu', jnp.float32, 128, 32, 0, 0) == 'xla'          # the tiny default
+  assert choose('auto', 'cpu', jnp.float32, 512, 32, 0, 0) == 'blockwise'
+  assert choose('auto', 'cpu', jnp.float32, 1000, 32, 0, 0) == 'xla'         # 128 does not divide
+  assert choose('blockwise', 'tpu', jnp.float32, 8, 32, 0, 0) == 'blockwise'  # explicit: kept
+
+
+def test_bad_attention_settings_are_named():
+  with pytest.raises(ValueError, match='attention_impl.*auto, xla, cudnn, splash, blockwise'):
+    model_config(ref.tiny_model_config('baseline', attention_impl='flash'))
+  with pytest.raises(ValueError, match='attention_block_q'):
+    model_config(ref.tiny_model_config('baseline', attention_block_q=-1))
+  with pytest.raises(ValueError, match=r'blocks \(128, 128\) must divide the sequence length 200'):
+    attention_kernels.check('blockwise', 200, 0, 0)
+  with pytest.raises(ValueError, match='multiples of 128'):
+    attention_kernels.check('splash', 256, 64, 128)
+  attention_kernels.check('splash', 256, 0, 0)                     # 512 capped at 256: fine
+  attention_kernels.check('xla', 200, 7, 7)                        # blocks do not matter
 
 
 def test_document_mask_hides_other_documents():
@@ -180,6 +230,9 @@ MODULE_CASES = {
     'g5_input_independent_ns': dict(gate=dict(position='g5', input_dependent=False,
                                               activation='ns_sigmoid')),
     'g4_additive_silu': dict(gate=dict(position='g4', mode='additive', activation='silu')),
+    # the blockwise core inside the module (tiles of 4 queries x 2 keys over T=8)
+    'g1_blockwise': dict(attention_impl='blockwise', attention_block_q=4, attention_block_kv=2,
+                         gate=dict(position='g1')),
 }
 
 
