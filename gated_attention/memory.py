@@ -221,6 +221,20 @@ def _fit(out, config, setup, device_bytes, state_total, configured, micro_batch)
                    'sequence: use more devices or more FSDP sharding.')
 
 
+def _attention_note(config, model_cfg) -> str:
+  """Which attention core the activations were traced with, and what it keeps."""
+  from gated_attention import attention_kernels  # pylint: disable=g-import-not-at-top
+  m = model_cfg
+  impl = attention_kernels.choose(
+      m.attention_impl, m.platform or jax.default_backend(), m.compute_dtype,
+      config.data.seq_len, m.head_dim, m.attention_block_q, m.attention_block_kv,
+      bool(config.data.get('document_mask', False)))
+  return (f'Activations are traced on this machine, attention as {impl!r} '
+          f'(model.attention_impl={m.attention_impl!r}): xla keeps the scores [batch, heads, T, '
+          'T] for the backward pass; blockwise, splash and cuDNN flash attention keep O(T) per '
+          'head.')
+
+
 def report(config) -> dict:
   """Per-device bytes (and GiB) of parameters, optimizer state, gradients and activations."""
   from gated_attention import train  # pylint: disable=g-import-not-at-top
@@ -264,8 +278,7 @@ def report(config) -> dict:
       'device_memory': None if device_bytes is None else _entry(device_bytes),
       'device_memory_source': source,
       'notes': [
-          'Activations are traced on this machine: attention scores [batch, heads, T, T] count '
-          'as XLA materialises them; cuDNN flash attention (GPU) keeps far less.',
+          _attention_note(config, setup.model_cfg),
           'Not counted: other XLA temporaries, fragmentation, program and communication '
           'buffers; keep 10-20% headroom. --mode=compile gives the TPU compiler\'s figure.'],
   }
