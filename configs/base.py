@@ -124,6 +124,7 @@ def data_config() -> ml_collections.ConfigDict:
       shuffle_buffer=1024,
       worker_count=0,
       document_mask=False,      # attend only within each document of a packed window (from BOS)
+      device_prefetch=2,        # batches read and put on the devices ahead of the step (0: none)
       # RULER-style task documents mixed into the training documents (input_pipeline/ruler.py):
       mix_tasks='',             # comma-separated task names, or 'all' ('': none)
       mix_ratio=0.0,            # share of the training tokens in task documents (0: off)

@@ -2,18 +2,22 @@
 
     loop.run(config, workdir)      # main.py --mode=train
 
-One step: the next batch of the data iterator -> train.Setup.train_step (jit; a non-finite step
+One step: the next batch of the data iterator, already on the devices (prefetch.py reads
+`data.device_prefetch` batches ahead in a thread) -> train.Setup.train_step (jit; a non-finite step
 changes nothing) -> its loss and finiteness are queued on the device and, at every log, eval or
 save point, fed to the stability guard (stability.py: skipped steps, loss spikes, divergence,
 each logged to metrics.jsonl) -> every `log_every` steps the metrics, every `eval_every` steps
 evaluate.evaluate, and orbax's cadence for checkpoints (only while the guard is calm).
 On a failure (too many non-finite steps in a row, or a divergence) the run halts or rolls back
 to the best checkpoint with a lower learning rate. SIGTERM / Ctrl-C save a checkpoint and stop.
+The time the loop waits for a batch is logged as `data_wait`: its fraction of the wall time since
+the last log (0 when the pipeline keeps up).
 """
 
 import dataclasses
 import json
 import signal
+import time
 
 import jax
 
@@ -22,7 +26,7 @@ from gated_attention import checkpoint as ckpt_lib
 from gated_attention import workdir as workdir_lib
 from gated_attention import evaluate as eval_lib
 from gated_attention import model as model_lib
-from gated_attention import sharding, stability
+from gated_attention import prefetch, sharding, stability
 from gated_attention import train as train_lib
 from gated_attention.errors import CheckpointError, ConfigError, UserError
 from gated_attention.reporting import MetricsWriter, Progress, Throughput
@@ -63,6 +67,10 @@ def check_loop_config(config):
     if tc[name] <= 0:
       raise ConfigError(f'config.train.{name}={tc[name]} must be positive.')
   stability.check_config(tc)
+  depth = config.data.get('device_prefetch', 2)
+  if depth < 0:
+    raise ConfigError(f'config.data.device_prefetch={depth} must be >= 0 (batches read ahead '
+                      'onto the devices while a step runs; 0: none).')
 
 
 @dataclasses.dataclass
@@ -144,6 +152,8 @@ def _start(config, workdir: str) -> _Run:
   workdir_lib.check_workdir(workdir)
   data = _build_data(config)
   setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
+  data.train_iter = prefetch.DevicePrefetch(data.train_iter, setup.global_batch,
+                                            config.data.get('device_prefetch', 2))
   checkpointer = ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
                                        keep=tc.keep_checkpoints)
   latest = checkpointer.latest_step()
@@ -245,7 +255,8 @@ def _log_train(run: _Run, metrics, throughput: Throughput):
                  skipped_total=run.guard.totals['skipped'],
                  spikes_total=run.guard.totals['spikes'], **throughput.metrics())
   run.writer.write(run.step, 'train', metrics)
-  run.progress.update(run.step, f'loss {float(metrics["loss"]):.4f}')
+  run.progress.update(run.step, f'loss {float(metrics["loss"]):.4f} '
+                      f'data_wait {100 * metrics["data_wait"]:.1f}%')
   throughput.reset()
 
 
@@ -274,8 +285,10 @@ def _train(run: _Run, interrupt: _Interrupt) -> dict:
   with jax.set_mesh(setup.mesh):
     while run.step < tc.steps and interrupt.signal is None:
       run.checkpointer.check_for_errors()          # a failed async save stops at the next step
-      metrics = _step(run, setup.global_batch(next(run.data.train_iter)))
-      throughput.tick()
+      start = time.perf_counter()
+      batch = next(run.data.train_iter)            # global arrays, on the devices (prefetch.py)
+      throughput.tick(data_wait=time.perf_counter() - start)
+      metrics = _step(run, batch)
       last = run.step == tc.steps
       due = [run.step % tc.log_every == 0 or last, run.step % tc.eval_every == 0 or last,
              run.checkpointer.should_save(run.step) or last]
@@ -312,6 +325,7 @@ def run(config, workdir: str) -> dict:
     val = _train(state, interrupt)
   finally:
     interrupt.restore()
+    state.data.train_iter.shutdown()
     state.checkpointer.close()
     state.progress.close()
     state.writer.close()

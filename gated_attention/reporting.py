@@ -94,25 +94,29 @@ class Progress:
 
 
 class Throughput:
-  """Step time, tokens/s, achieved TFLOP/s per device and (on known TPU chips) MFU."""
+  """Step time, tokens/s, achieved TFLOP/s per device, (on known TPU chips) MFU, and data_wait:
+  the fraction of the wall time since the last reset spent waiting for batches."""
 
   def __init__(self, config, model_cfg):
     self.tokens_per_step = config.train.batch_size * config.data.seq_len
     self.flops_per_token = model_lib.train_flops_per_token(model_cfg, config.data.seq_len)
     self.chip = chips.chip_spec(jax.devices()[0].device_kind)
-    self.t_last, self.steps = time.time(), 0
+    self.t_last, self.steps, self.waited = time.time(), 0, 0.0
 
-  def tick(self):
+  def tick(self, data_wait: float = 0.0):
+    """One step, which waited `data_wait` seconds for its batch."""
     self.steps += 1
+    self.waited += data_wait
 
   def reset(self):
-    self.t_last, self.steps = time.time(), 0
+    self.t_last, self.steps, self.waited = time.time(), 0, 0.0
 
   def metrics(self) -> dict:
-    dt = (time.time() - self.t_last) / max(self.steps, 1)
+    elapsed = max(time.time() - self.t_last, 1e-9)
+    dt = elapsed / max(self.steps, 1)
     tflops = self.flops_per_token * self.tokens_per_step / dt / 1e12 / jax.device_count()
     out = dict(step_time=dt, tokens_per_sec=self.tokens_per_step / dt,
-               tflops_per_sec_per_device=tflops)
+               tflops_per_sec_per_device=tflops, data_wait=min(self.waited / elapsed, 1.0))
     if self.chip:
       out['mfu'] = tflops * 1e12 / self.chip['peak_bf16_flops']
     return out

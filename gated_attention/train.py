@@ -1,7 +1,8 @@
 """Training: the loss, AdamW, the jit-compiled steps (explicit shardings, donation).
 
 A batch's path: main.py -> loop.run -> data.train_iter (numpy, per process) -> Setup.global_batch
-(a global array sharded over the data-parallel mesh axes) -> train_step -> loss_fn ->
+(a global array sharded over the data-parallel mesh axes; prefetch.py does this ahead of the
+step, in a thread) -> train_step -> loss_fn ->
 Transformer.__call__. The loop itself (logging, checkpoints, signals) is in loop.py, evaluation
 in evaluate.py.
 

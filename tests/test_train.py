@@ -61,6 +61,7 @@ def test_loss_falls_and_metrics_are_written(trained):
   for row in train_rows.values():
     for key in ('loss', 'learning_rate', 'grad_norm', 'tokens_per_sec', 'step_time'):
       assert np.isfinite(row[key]), key
+    assert 0 <= row['data_wait'] <= 1          # the share of the time spent waiting for data
   val = read_metrics(workdir, 'val')
   assert sorted(val) == [20, 40]
   assert val[40]['loss'] < val[20]['loss']
