@@ -81,6 +81,11 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
       attention_block_kv=0,     # splash / blockwise key tile; both divide data.seq_len (splash:
                                 # multiples of 128); capped at data.seq_len
       gate=gate_config(),
+      # G1 sigmoid multiplicative gates computed from X (gate.position='g1', headwise or
+      # elementwise, not head-shared): one matmul yields the queries and the gate's logits, as the
+      # authors build it (gating.py); False: a separate projection (same numbers in float32).
+      # Other gates always use the separate path.
+      fused_gate_projection=True,
       moe=moe_config(),
   ))
   if scale == 'tiny':

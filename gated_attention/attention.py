@@ -88,6 +88,7 @@ class Attention(Inspectable, nnx.Module):
     self.gate = gating.Gate(cfg.gate, hidden_size=D, num_heads=H, num_kv_heads=K, head_dim=d,
                             init_std=std, rngs=rngs, norm_eps=cfg.norm_eps)
     self.dtype = cfg.compute_dtype
+    self.fused_gate = cfg.fused_gate_projection and cfg.gate.fuses_with_query
     self.impl, self.platform = cfg.attention_impl, cfg.platform
     self.blocks = (cfg.attention_block_q, cfg.attention_block_kv)
     self.attn_map_len = ATTN_MAP_LEN
@@ -99,7 +100,7 @@ class Attention(Inspectable, nnx.Module):
     `positions_BxT` (consecutive per sequence), or None without a cache (training).
     `segment_ids_BxT`: document ids for document masking (not with a cache), or None."""
     dt, gate = self.dtype, self.gate
-    q = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wq[...].astype(dt))
+    q, gate_logits = self._queries(x_BxTxD)
     k = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wk[...].astype(dt))
     v = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wv[...].astype(dt))
     q, k, v = gate('q', q, x_BxTxD), gate('k', k, x_BxTxD), gate('v', v, x_BxTxD)
@@ -121,11 +122,25 @@ class Attention(Inspectable, nnx.Module):
       y_BxTxHxd = attention_kernels.attend(q, k, v, self.impl, segment_ids_BxT,
                                            block_q=self.blocks[0], block_kv=self.blocks[1],
                                            platform=self.platform)
-    y_BxTxHxd = gate('sdpa', y_BxTxHxd, x_BxTxD)
+    y_BxTxHxd = gate('sdpa', y_BxTxHxd, x_BxTxD, gate_logits)
     if self.inspect:
       self.sow(nnx.Intermediate, 'sdpa_post_gate', sparsity(y_BxTxHxd))
     out_BxTxD = jnp.einsum('bthk,hkd->btd', y_BxTxHxd, self.wo[...].astype(dt))
     return gate('out', out_BxTxD, x_BxTxD), kv
+
+  def _queries(self, x_BxTxD: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    """The queries [B, T, H, d] in the compute dtype, and the gate's float32 logits [B, T, H, n]
+    when the gate fuses with the query projection (gating.py; n = d elementwise, 1 headwise),
+    else None: one einsum over the per-head concatenation [W_q | W_gate] [D, H, d + n], inputs
+    in the compute dtype, float32 accumulation (as Qwen3-Next's widened q_proj and Megatron)."""
+    dt = self.dtype
+    if not self.fused_gate:
+      return jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wq[...].astype(dt)), None
+    d = self.wq.shape[-1]
+    w_DxHxE = jnp.concatenate([self.wq[...], self.gate.query_columns()], axis=-1).astype(dt)
+    qg_BxTxHxE = jnp.einsum('btd,dhe->bthe', x_BxTxD, w_DxHxE,
+                            preferred_element_type=jnp.float32)
+    return qg_BxTxHxE[..., :d].astype(dt), qg_BxTxHxE[..., d:]
 
   def _inspected_attention(self, q, k, v, segment_ids_BxT) -> jax.Array:
     """Explicit attention, sowing F-Attn per head (queries 1..T-1), the head-averaged map of

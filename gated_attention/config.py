@@ -52,6 +52,7 @@ class ModelConfig:
   attention_block_kv: int = 0
   platform: str = ''            # where the model runs (from_config; '': JAX's default backend)
   gate: GateSpec = GateSpec()
+  fused_gate_projection: bool = True  # queries and gate logits from one matmul where the gate fuses
   moe: MoESpec | None = None    # None: a dense SwiGLU FFN
 
   def __post_init__(self):
@@ -79,6 +80,8 @@ class ModelConfig:
     if self.rope_scaling.type not in ROPE_SCALINGS:
       bad('rope_scaling.type', f'{self.rope_scaling.type!r} is not one of '
           f'{", ".join(ROPE_SCALINGS)}.')
+    if not isinstance(self.fused_gate_projection, bool):
+      bad('fused_gate_projection', f'must be True or False, got {self.fused_gate_projection!r}.')
     try:
       jnp.dtype(self.dtype)
     except TypeError:

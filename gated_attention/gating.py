@@ -23,6 +23,16 @@ Choices where the paper is silent (each is a config switch):
     and RoPE;
   * G5 gates the model dimension, which has no heads: headwise or head-shared G5 is rejected.
 The gate has no bias (the authors widen a bias-free q_proj).
+
+Fused with the query projection (`GateSpec.fuses_with_query`): a G1 sigmoid multiplicative gate
+computed from X is, as the authors and Megatron build it, extra output columns of q_proj: one
+matmul produces each head's queries and its gate logits together (here [q_h | g_h] per head, as
+Qwen3-Next's q_proj; the authors' released checkpoints order them per KV group, hf/layout.py).
+The parameters stay separate (checkpoints, hf/ and the sharding rules see the same `kernel`);
+Attention concatenates `query_columns()` to its query kernel per head at compute time, in the
+compute dtype with float32 accumulation, and passes the gate's share of the product back as
+`logits`; the sigmoid and the product stay in float32 as before. In float32 it computes the same
+function as the separate projection, to rounding (tests/test_attention.py).
 """
 
 import dataclasses
@@ -140,6 +150,13 @@ class GateSpec:
   def has_params(self) -> bool:
     return self.position != 'none' and self.kind != 'silu_noparam'
 
+  @property
+  def fuses_with_query(self) -> bool:
+    """Whether the gate's logits can come out of the query projection (module docstring):
+    a per-head (not head-shared) sigmoid multiplicative G1 gate computed from X."""
+    return (self.position == 'g1' and self.kind == 'gate' and self.mode == 'multiplicative'
+            and self.activation == 'sigmoid' and self.input_dependent and not self.head_shared)
+
 
 HIST_BINS = 20
 HIST_RANGE = {'sigmoid': (0.0, 1.0), 'ns_sigmoid': (0.0, 1.0), 'silu': (-0.5, 2.5),
@@ -174,15 +191,30 @@ class Gate(Inspectable, nnx.Module):
       init = jnp.ones if name == 'scale' else jnp.zeros
       setattr(self, name, nnx.Param(init(shape, jnp.float32), logical_axes=axes))
 
-  def scores(self, x_BxTxD: jax.Array) -> jax.Array:
-    """act(XW) in float32, shaped to broadcast against the gated tensor."""
-    spec = self.spec
-    if spec.input_dependent:
+  def query_columns(self) -> jax.Array:
+    """The kernel as extra query-projection columns per head, [D, H, d] (elementwise) or
+    [D, H, 1] (headwise), for a gate that `spec.fuses_with_query`."""
+    if not self.spec.fuses_with_query:
+      raise ValueError(f'The gate {self.spec} does not fuse with the query projection.')
+    kernel = self.kernel[...]
+    return kernel if self.spec.granularity == 'elementwise' else kernel[..., None]
+
+  def logits(self, x_BxTxD: jax.Array) -> jax.Array:
+    """XW (or the bias) in float32, shaped to broadcast against the gated tensor (headwise:
+    a trailing axis of 1, the shape `query_columns` yields)."""
+    if self.spec.input_dependent:
       logits = jnp.einsum('btd,d...->bt...', x_BxTxD.astype(jnp.float32), self.kernel[...])
     else:
       logits = self.bias[...][None, None]
-    if spec.granularity == 'headwise':
+    if self.spec.granularity == 'headwise':
       logits = logits[..., None]                            # broadcast over head_dim
+    return logits
+
+  def scores(self, x_BxTxD: jax.Array | None, logits: jax.Array | None = None) -> jax.Array:
+    """act(XW) in float32, shaped to broadcast against the gated tensor; from `logits` when
+    given (the fused query projection), else computed from `x_BxTxD`."""
+    spec = self.spec
+    logits = self.logits(x_BxTxD) if logits is None else logits.astype(jnp.float32)
     act = ACTIVATIONS[spec.activation]
     if not spec.head_shared:
       return act(logits)
@@ -190,8 +222,10 @@ class Gate(Inspectable, nnx.Module):
       return act(jnp.mean(logits, axis=2, keepdims=True))
     return jnp.mean(act(logits), axis=2, keepdims=True)
 
-  def __call__(self, hook: str, y: jax.Array, x_BxTxD: jax.Array) -> jax.Array:
-    """Gates `y` if `hook` is this gate's site (with `inspect`, sows the scores' summary)."""
+  def __call__(self, hook: str, y: jax.Array, x_BxTxD: jax.Array,
+               logits: jax.Array | None = None) -> jax.Array:
+    """Gates `y` if `hook` is this gate's site (with `inspect`, sows the scores' summary).
+    `logits`: the gate's logits from the fused query projection, or None (from `x_BxTxD`)."""
     spec = self.spec
     if hook != spec.hook:
       return y
@@ -201,7 +235,7 @@ class Gate(Inspectable, nnx.Module):
     if spec.kind == 'rmsnorm':
       ms = jnp.mean(jnp.square(y32), axis=-1, keepdims=True)
       return (y32 * jax.lax.rsqrt(ms + self.norm_eps) * self.scale[...]).astype(y.dtype)
-    s = self.scores(x_BxTxD)
+    s = self.scores(x_BxTxD, logits)
     if self.inspect:
       self.sow(nnx.Intermediate, 'gate', summarize_scores(s, spec.activation))
     out = y32 * s if spec.mode == 'multiplicative' else y32 + s

@@ -332,3 +332,96 @@ def test_softmax_scale_is_inverse_sqrt_head_dim():
   _, probs = attention.explicit_attention(q, k, v)
   p = np.asarray(probs[0, 0, 1])
   np.testing.assert_allclose(p[0] / p[1], math.exp(3.0 / math.sqrt(d)), rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# The gate fused with the query projection (gating.GateSpec.fuses_with_query)
+# --------------------------------------------------------------------------------------------
+
+FUSING = ('g1_elementwise', 'g1_headwise')
+
+
+@pytest.mark.parametrize('variant', ref.gated_variant_names())
+def test_only_g1_sigmoid_gates_from_x_fuse_with_the_query_projection(variant):
+  cfg = model_config(ref.tiny_model_config(variant))
+  attn = attention.Attention(cfg, rngs=nnx.Rngs(0))
+  assert cfg.fused_gate_projection                                  # the default
+  assert attn.fused_gate == (variant in FUSING)
+  if variant not in FUSING and attn.gate.spec.has_params:
+    with pytest.raises(ValueError, match='does not fuse'):
+      attn.gate.query_columns()
+
+
+def test_fused_gate_projection_must_be_a_bool():
+  m = ref.tiny_model_config('g1_elementwise').to_dict()
+  m['fused_gate_projection'] = 'yes'                   # e.g. a hand-edited config.json
+  with pytest.raises(ValueError, match=r'config\.model\.fused_gate_projection.*True or False'):
+    model_config(m)
+
+
+def _fused_and_separate(variant, dtype='float32'):
+  """Attention with the fused and with the separate gate projection, same (perturbed) params."""
+  mods = []
+  for fused in (True, False):
+    cfg = model_config(ref.tiny_model_config(variant, fused_gate_projection=fused, dtype=dtype))
+    attn = attention.Attention(cfg, rngs=nnx.Rngs(3))
+    perturb(attn, seed=4, scale=0.3)
+    assert attn.fused_gate == fused
+    mods.append(attn)
+  return mods
+
+
+@jax.jit
+def _out_and_grads(graphdef, params, x, dout):
+  """Attention output and the gradients of <output, dout> w.r.t. the parameters and x."""
+  pos = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
+
+  def f(params, x):
+    out = nnx.merge(graphdef, params)(x, pos)[0]
+    return jnp.sum(out.astype(jnp.float32) * dout), out
+  (_, out), grads = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(params, x)
+  return out, grads
+
+
+def _run(attn, x, dout):
+  graphdef, params = nnx.split(attn, nnx.Param)
+  return _out_and_grads(graphdef, params, x.astype(attn.dtype), dout)
+
+
+@pytest.mark.parametrize('variant', FUSING)
+def test_fused_gate_projection_equals_separate_in_float32(variant):
+  fused, separate = _fused_and_separate(variant)
+  D = fused.wq.shape[0]
+  x, dout = _randn(5, (B, T, D)), _randn(6, (B, T, D))
+  out_f, grads_f = _run(fused, x, dout)
+  out_s, grads_s = _run(separate, x, dout)
+  flat_f, flat_s = jax.tree.leaves((out_f, grads_f)), jax.tree.leaves((out_s, grads_s))
+  assert len(flat_f) == len(flat_s) == 9                  # out; q k v o, 2 norms, gate; x
+  for a_f, a_s in zip(flat_f, flat_s):                    # float32 rounding apart
+    np.testing.assert_allclose(a_f, a_s, rtol=1e-5, atol=1e-6 * float(np.max(np.abs(a_s))))
+  gate_grad = grads_f[0]['gate']['kernel'][...]
+  assert float(np.max(np.abs(gate_grad))) > 1e-3                   # the gate is trained
+
+
+@pytest.mark.parametrize('variant', FUSING)
+def test_fused_gate_projection_in_bfloat16_is_close_to_float32(variant):
+  ref32, _ = _fused_and_separate(variant)
+  bf16, _ = _fused_and_separate(variant, dtype='bfloat16')
+  D = ref32.wq.shape[0]
+  x, dout = _randn(5, (B, T, D)), _randn(6, (B, T, D))
+  out_32, grads_32 = _run(ref32, x, dout)
+  out_16, grads_16 = _run(bf16, x, dout)
+  assert out_16.dtype == jnp.bfloat16
+  for a, b in zip(jax.tree.leaves((out_16, grads_16)), jax.tree.leaves((out_32, grads_32))):
+    a, b = _f64(a.astype(jnp.float32)), _f64(b)
+    assert np.max(np.abs(a - b)) <= 3e-2 * np.max(np.abs(b)) + 1e-6
+
+
+@pytest.mark.parametrize('variant', FUSING)
+def test_fused_gate_projection_is_one_matmul_fewer(variant):
+  counts = []
+  for attn in _fused_and_separate(variant):
+    x = _randn(5, (B, T, attn.wq.shape[0]))
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    counts.append(str(jax.make_jaxpr(lambda x: attn(x, pos)[0])(x)).count('dot_general'))
+  assert counts[0] == counts[1] - 1
