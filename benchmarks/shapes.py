@@ -1,0 +1,24 @@
+"""The model shapes of issue 14's throughput comparison, shared by benchmarks/throughput.py (JAX)
+and benchmarks/reference_pytorch.py (stock transformers Qwen3), so both time the same model.
+
+Each: 4 layers, QK-norm, RoPE, tied embeddings, vocabulary 384 (the tiny config's), SwiGLU FFN;
+`batch` sequences of `seq_len` tokens per training step.
+"""
+
+SHAPES = {
+    'a': dict(num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+              ffn_size=768, batch=16, seq_len=256),
+    'b': dict(num_layers=4, hidden_size=512, num_heads=8, num_kv_heads=4, head_dim=64,
+              ffn_size=1536, batch=8, seq_len=512),
+}
+VOCAB = 384
+VARIANTS = ('baseline', 'g1_headwise', 'g1_elementwise')
+# The gate of each variant: None (ungated) or its granularity (G1, sigmoid, from X).
+GATES = {'baseline': None, 'g1_headwise': 'headwise', 'g1_elementwise': 'elementwise'}
+
+
+def model_fields(shape: str) -> dict:
+  """The `model` config fields of a shape (configs/base.py names)."""
+  s = dict(SHAPES[shape])
+  del s['batch'], s['seq_len']
+  return dict(s, vocab_size=VOCAB)

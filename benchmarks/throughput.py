@@ -1,0 +1,179 @@
+"""Training-step throughput of the baseline and the G1 gates (issue 14), and the gate's overhead.
+
+Times the jitted training step (train.Setup.train_step: forward, backward, global-norm clipping,
+AdamW; float32 on CPU) of each variant at one of the shapes of benchmarks/shapes.py:
+  a: 4 layers, d=256, 4 query / 2 KV heads of 64, SwiGLU 768, 16 x 256 tokens per step
+  b: 4 layers, d=512, 8 query / 4 KV heads of 64, SwiGLU 1536, 8 x 512 tokens per step
+All variants are compiled first and then timed in one process, round-robin (`--steps` steps of
+each variant per round, `--rounds` rounds), so a busy machine slows them alike; the median round
+is reported. Per variant: tokens/s, achieved FLOP/s (model.train_flops_per_token: 6 x the matmul
+parameters + the causal attention, per token), the fraction of a matmul peak this script
+measures itself (the median of float32 2048 x 2048 matmuls, jitted: a practical peak of this
+machine, not the vendor's), and the gate's overhead: the variant's step time over the
+baseline's. The G1 gates use the fused query-and-gate projection (model.fused_gate_projection,
+gating.py); `--separate_gate` times the separate projection instead.
+
+With `--pytorch`, benchmarks/reference_pytorch.py (stock transformers Qwen3 on torch, the gate
+added as the authors do) then runs in a subprocess on the same shape, steps and rounds, and the
+ratio JAX / PyTorch tokens/s is printed per variant: one command for the comparison.
+
+  python benchmarks/throughput.py [--shape=a|b] [--steps=10] [--rounds=5]
+                                  [--variants=baseline,g1_headwise,g1_elementwise] [--pytorch]
+"""
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import shapes  # noqa: E402  (benchmarks/shapes.py)
+from gated_attention import attention_kernels, sharding, train  # noqa: E402
+from gated_attention import model as model_lib  # noqa: E402
+
+
+def shape_config(variant: str, shape: str, fused_gate: bool = True):
+  """configs/<variant>.py at the tiny scale, resized to `shape` (benchmarks/shapes.py)."""
+  c = importlib.import_module(f'configs.{variant}').get_config('tiny')
+  c.model.update(shapes.model_fields(shape), fused_gate_projection=fused_gate)
+  c.data.seq_len = shapes.SHAPES[shape]['seq_len']
+  c.train.batch_size = shapes.SHAPES[shape]['batch']
+  return c
+
+
+class StepTimer:
+  """One config's compiled training step on the default devices, with a random batch."""
+
+  def __init__(self, config, seed: int = 0):
+    self.config = config
+    self.mesh = sharding.build_mesh(config.mesh)
+    self.setup = train.Setup(config, self.mesh)
+    B, T = config.train.batch_size, config.data.seq_len
+    toks = np.random.default_rng(seed).integers(0, config.model.vocab_size, (B, T + 1))
+    batch = {'inputs': toks[:, :-1].astype(np.int32), 'targets': toks[:, 1:].astype(np.int32),
+             'loss_mask': np.ones((B, T), np.float32)}
+    with jax.set_mesh(self.mesh):
+      self.batch = self.setup.global_batch(batch)
+    self.state = self.setup.init(seed)
+    self.tokens_per_step = B * T
+    self.flops_per_token = model_lib.train_flops_per_token(self.setup.model_cfg, T)
+    self.seconds = []                                       # per step, one entry per round
+    self.run(1)                                             # compile
+
+  def run(self, steps: int) -> float:
+    """Runs `steps` steps; returns (and records) the seconds per step."""
+    with jax.set_mesh(self.mesh):
+      params, opt = self.state
+      start = time.perf_counter()
+      for _ in range(steps):
+        params, opt, metrics = self.setup.train_step(params, opt, self.batch, 1.0)
+      jax.block_until_ready(metrics)
+      dt = (time.perf_counter() - start) / steps
+    self.state = (params, opt)
+    self.seconds.append(dt)
+    return dt
+
+  def summary(self) -> dict:
+    """Median seconds per step (compilation excluded), tokens/s, achieved FLOP/s."""
+    step_s = float(np.median(self.seconds[1:] or self.seconds))
+    return dict(step_s=step_s, tokens_per_s=self.tokens_per_step / step_s,
+                flops_per_s=self.flops_per_token * self.tokens_per_step / step_s,
+                flops_per_token=self.flops_per_token)
+
+
+def interleave(timers: dict, rounds: int, steps: int):
+  """`rounds` round-robin rounds of `steps` steps of every timer."""
+  for _ in range(rounds):
+    for t in timers.values():
+      t.run(steps)
+
+
+def matmul_peak(n: int = 2048, rounds: int = 10, dtype=jnp.float32) -> float:
+  """FLOP/s of a jitted n x n matmul on the default device, the median of `rounds`."""
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+  f = jax.jit(jnp.matmul)
+  jax.block_until_ready(f(a, b))
+  times = []
+  for _ in range(rounds):
+    start = time.perf_counter()
+    jax.block_until_ready(f(a, b))
+    times.append(time.perf_counter() - start)
+  return 2.0 * n ** 3 / float(np.median(times))
+
+
+def rows(summaries: dict, peak_flops: float) -> list[dict]:
+  """Per variant: the summary, the fraction of the matmul peak and the overhead over the
+  baseline (step time ratio; None without a baseline)."""
+  base = summaries.get('baseline')
+  return [dict(variant=name, **s, peak_fraction=s['flops_per_s'] / peak_flops,
+               overhead_vs_baseline=s['step_s'] / base['step_s'] if base else None)
+          for name, s in summaries.items()]
+
+
+def run_pytorch(args) -> dict:
+  """benchmarks/reference_pytorch.py in a subprocess: {variant: tokens/s}."""
+  script = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'reference_pytorch.py')
+  cmd = [sys.executable, script, f'--shape={args.shape}', f'--steps={args.steps}',
+         f'--rounds={args.rounds}', f'--variants={args.variants}', '--json']
+  out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+  return {r['variant']: r['tokens_per_s'] for r in json.loads(out.strip().splitlines()[-1])}
+
+
+def print_table(table: list[dict], peak_flops: float, torch_tps: dict | None):
+  print(f'matmul peak (float32 2048^3, median): {peak_flops / 1e9:.1f} GFLOP/s')
+  head = '| variant | tokens/s | GFLOP/s | of matmul peak | step vs baseline |'
+  if torch_tps:
+    head += ' PyTorch tokens/s | JAX / PyTorch |'
+  print(head + '\n' + '|---' * head.count(' | ') + '|---|')
+  for r in table:
+    over = '' if r['overhead_vs_baseline'] is None else f'{r["overhead_vs_baseline"]:.3f}'
+    line = (f'| {r["variant"]} | {r["tokens_per_s"]:,.0f} | {r["flops_per_s"] / 1e9:.1f} | '
+            f'{r["peak_fraction"]:.2f} | {over} |')
+    if torch_tps:
+      tps = torch_tps[r['variant']]
+      line += f' {tps:,.0f} | {r["tokens_per_s"] / tps:.2f} |'
+    print(line)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--shape', default='a', choices=sorted(shapes.SHAPES))
+  parser.add_argument('--steps', type=int, default=10, help='steps per variant per round')
+  parser.add_argument('--rounds', type=int, default=5)
+  parser.add_argument('--variants', default=','.join(shapes.VARIANTS))
+  parser.add_argument('--separate_gate', action='store_true',
+                      help='time the separate gate projection (model.fused_gate_projection=False)')
+  parser.add_argument('--pytorch', action='store_true',
+                      help='also run benchmarks/reference_pytorch.py and print the ratio')
+  args = parser.parse_args()
+  variants = args.variants.split(',')
+  unknown = sorted(set(variants) - set(shapes.VARIANTS))
+  if unknown or args.steps < 1 or args.rounds < 1:
+    parser.error(f'--variants from {shapes.VARIANTS} (unknown: {unknown}); '
+                 '--steps and --rounds >= 1.')
+  timers = {v: StepTimer(shape_config(v, args.shape, not args.separate_gate)) for v in variants}
+  cfg = next(iter(timers.values())).setup.model_cfg
+  T = shapes.SHAPES[args.shape]['seq_len']
+  core = attention_kernels.choose(cfg.attention_impl, cfg.platform, cfg.compute_dtype, T,
+                                  cfg.head_dim, cfg.attention_block_q, cfg.attention_block_kv)
+  print(f'shape {args.shape} {shapes.SHAPES[args.shape]}, {jax.default_backend()}, '
+        f'attention core {core}, {args.rounds} rounds x {args.steps} steps', flush=True)
+  interleave(timers, args.rounds, args.steps)
+  peak = matmul_peak()
+  table = rows({v: t.summary() for v, t in timers.items()}, peak)
+  torch_tps = run_pytorch(args) if args.pytorch else None
+  print(json.dumps(table, indent=2))
+  print_table(table, peak, torch_tps)
+
+
+if __name__ == '__main__':
+  main()
