@@ -94,7 +94,7 @@ class Progress:
 
 
 class Throughput:
-  """Step time, tokens/s, achieved TFLOP/s per device, (on known TPU chips) MFU, and data_wait:
+  """Step time, tokens/s, achieved TFLOP/s per device, (on known chips) MFU, and data_wait:
   the fraction of the wall time since the last reset spent waiting for batches."""
 
   def __init__(self, config, model_cfg):

@@ -25,8 +25,10 @@ def test_pytorch_reference_gate_is_sigmoid_of_widened_q_proj(granularity):
   torch = pytest.importorskip('torch')
   ref = _load('reference_pytorch')
   torch.manual_seed(0)
-  base = ref.Qwen3ForCausalLM(ref.qwen3_config('a')).eval()
-  gated = ref.Qwen3ForCausalLM(ref.qwen3_config('a')).eval()
+  cfg = ref.qwen3_config('a')
+  cfg.num_hidden_layers = 2
+  base = ref.Qwen3ForCausalLM(cfg).eval()
+  gated = ref.Qwen3ForCausalLM(cfg).eval()
   gated.load_state_dict(base.state_dict())
   H, d, D = 4, 64, 256
   n = d if granularity == 'elementwise' else 1
@@ -44,3 +46,66 @@ def test_pytorch_reference_gate_is_sigmoid_of_widened_q_proj(granularity):
     for layer in gated.model.layers:
       layer.self_attn.q_proj.weight.view(H, d + n, D)[:, d:].normal_(0.0, 0.5)
     assert not np.allclose(gated(input_ids=tokens).logits, want, atol=1e-3)
+
+
+# --------------------------------------------------------------------------------------------
+# benchmarks/gpu.py: what runs without a GPU
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def gpu():
+  return _load('gpu')
+
+
+def test_gpu_benchmark_refuses_without_a_gpu(gpu, monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(os, 'environ', dict(os.environ))              # main() sets a variable
+  assert jax.default_backend() == 'cpu'
+  for call in (lambda: gpu.main(['--models=tiny']),                  # the parent
+               lambda: gpu.measure('tiny', 'baseline', 2, 1)):       # a measuring child
+    with pytest.raises(SystemExit, match=r"needs an NVIDIA GPU.*default backend is 'cpu'"):
+      call()
+  with pytest.raises(SystemExit, match='needs an NVIDIA GPU'):       # a GPU that is not NVIDIA's
+    gpu.require_gpu('gpu', [type('D', (), {'device_kind': 'AMD Instinct MI300X'})()])
+
+
+def test_gpu_benchmark_model_sizes(gpu):
+  from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
+  from tests.jax_helpers import model_config  # pylint: disable=g-import-not-at-top
+  sizes = {}
+  for name in gpu.MODELS:
+    c = gpu.gpu_config(name, 'g1_elementwise', 4)
+    assert c.model.dtype == 'bfloat16' and c.train.batch_size == 4
+    sizes[name] = model_lib.param_report(model_config(c.model))['total']
+  assert 5e5 < sizes['tiny'] < 2e6
+  assert 0.8e8 < sizes['dense_100m'] < 1.2e8
+  assert 1.6e9 < sizes['dense_1p7b_28l'] < 1.9e9
+
+
+def test_gpu_mfu_against_chip_peaks(gpu):
+  from gated_attention import chips  # pylint: disable=g-import-not-at-top
+  h200 = chips.chip_spec('NVIDIA H200')
+  assert h200['chip'] == 'h200' and h200['peak_bf16_flops'] == 989.5e12    # 1,979 sparse / 2
+  assert chips.chip_spec('NVIDIA H100 80GB HBM3')['peak_bf16_flops'] == 989.5e12
+  a100 = chips.chip_spec('NVIDIA A100-SXM4-40GB')
+  assert a100['peak_bf16_flops'] == 312e12 and a100['hbm_bytes'] == 40e9  # memory from the name
+  assert chips.chip_spec('NVIDIA H100 PCIe') is None                      # lower clocks: unknown
+  assert chips.chip_spec('NVIDIA GeForce RTX 4090') is None
+  # 10k tokens/s of a 6 GFLOP/token model on an H200: 60 TFLOP/s, 6.06% of 989.5
+  assert gpu.mfu(1e4, 6e9, h200['peak_bf16_flops']) == pytest.approx(0.0606367, rel=1e-5)
+  assert gpu.mfu(1e4, 6e9, None) is None
+
+
+def test_gpu_batch_fallback_and_flags(gpu):
+  assert gpu.batch_sizes(16) == [16, 8, 4, 2, 1]
+  assert gpu.batch_sizes(3) == [3, 1]
+  with pytest.raises(ValueError, match='positive'):
+    gpu.batch_sizes(0)
+  assert gpu.is_oom('jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory')
+  assert not gpu.is_oom('ValueError: bad config')
+  flags = gpu.with_xla_flags('--xla_gpu_enable_triton_gemm=true --xla_dump_to=/tmp/x')
+  assert '--xla_gpu_enable_triton_gemm=true' in flags and 'triton_gemm=false' not in flags
+  assert '--xla_gpu_enable_latency_hiding_scheduler=true' in flags and '--xla_dump_to' in flags
+  env = gpu.child_env({'XLA_PYTHON_CLIENT_MEM_FRACTION': '0.5'})
+  assert env['XLA_PYTHON_CLIENT_MEM_FRACTION'] == '0.5'                   # the user's, kept
+  assert gpu.child_env({})['XLA_PYTHON_CLIENT_MEM_FRACTION'] == gpu.MEM_FRACTION
