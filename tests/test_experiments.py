@@ -188,3 +188,22 @@ def test_extension_and_long_context_stages(tmp_path, capsys):
   assert run.main([str(path), '--out', str(out), '--print-commands=main']) == 0
   (line,) = capsys.readouterr().out.splitlines()
   assert line.count(' && ') == 5 and line.count('--mode=long_context') == 2
+
+
+@pytest.mark.parametrize('name', sorted(f[:-3] for f in os.listdir(spec.REPO + '/experiments')
+                                        if f.endswith('.py') and f not in
+                                        ('__init__.py', 'run.py', 'spec.py', 'report.py')))
+def test_committed_experiment_files_load_and_name_real_config_fields(name):
+  """Each experiments/<name>.py loads, and every override names a field of its variants' configs
+  (a typo would otherwise fail its first run after minutes of training)."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  exp = spec.load(os.path.join(spec.REPO, 'experiments', f'{name}.py'), report.METRICS)
+  for r in exp.runs:
+    cfg = importlib.import_module(f'configs.{r.variant}').get_config(exp.scale)
+    extra = {**exp.analyze_overrides, **exp.long_context_overrides,
+             **{k: v for lc in exp.long_context.values() for k, v in lc.items()}}
+    for key in [k for k, _ in r.overrides] + list(extra):
+      node = cfg
+      for part in key.split('.'):
+        assert part in node, f'{name}: {key} is not a config field of {r.variant}'
+        node = node[part]
