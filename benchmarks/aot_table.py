@@ -178,7 +178,7 @@ def write_doc(tables, attempts_by_row, cache, args):
   from gated_attention import chips as chip_table  # pylint: disable=g-import-not-at-top
   chips_tbl = '\n'.join(f'| {k} | {v["peak_bf16_flops"] / 1e12:.0f} TFLOP/s | '
                         f'{v["hbm_bytes"] / 2**30:.0f} GiB | {v["hbm_bandwidth"] / 1e9:.0f} GB/s |'
-                        for k, v in chip_table.CHIPS.items())
+                        for k, v in chip_table.CHIPS.items() if k in chip_table.TPU_CHIPS)
   out = [DOC_HEAD.replace('{chips}', chips_tbl)]
   codes = sorted({cache[k].get('code', '?') for k in cache})
   for i, (title, rows) in enumerate(tables):

@@ -41,7 +41,7 @@ import tempfile
 import time
 
 from gated_attention import hlo_cost
-from gated_attention.chips import ALIASES, CHIPS
+from gated_attention.chips import ALIASES, CHIPS, TPU_CHIPS
 
 # libtpu, loaded on a machine without TPUs, otherwise prints warnings about the missing TPU
 # metadata and takes /tmp/libtpu_lockfile (then fails while any other JAX process holds it).
@@ -82,9 +82,9 @@ def parse_topology(topology: str) -> tuple[str, str]:
                      'v5e:4x4, v6e:2x2 or v4:2x2x2 (<generation>:<chip grid>).')
   gen, shape = topology.split(':', 1)
   gen = ALIASES.get(gen.lower(), gen.lower())
-  if gen not in CHIPS:
+  if gen not in TPU_CHIPS:
     raise ValueError(f'--topology={topology!r}: unknown TPU generation {gen!r}; known: '
-                     f'{", ".join(CHIPS)} (aliases: {", ".join(ALIASES)}).')
+                     f'{", ".join(TPU_CHIPS)} (aliases: {", ".join(ALIASES)}).')
   return gen, f'{gen}:{shape}'
 
 

@@ -25,6 +25,7 @@ CHIPS = {
     # with sparsity (989.5 dense), 141 GB HBM3e, 4.8 TB/s
     'h200': dict(peak_bf16_flops=989.5e12, hbm_bytes=141 * 10**9, hbm_bandwidth=4800e9),
 }
+TPU_CHIPS = ('v4', 'v5e', 'v5p', 'v6e')  # the TPU generations above (aot.py compiles for these)
 # Names libtpu's topology parser does not take -> the one it does.
 ALIASES = {'v5litepod': 'v5e', 'v5lite': 'v5e', 'trillium': 'v6e', 'v6': 'v6e'}
 # JAX device_kind -> chip (for training-time MFU on real devices).

@@ -44,6 +44,7 @@ def test_chip_specs():
     assert spec['hbm_bandwidth'] > 5e11, name
   assert chips.chip_spec('TPU v5 lite')['chip'] == 'v5e'
   assert chips.chip_spec('cpu') is None
+  assert set(chips.TPU_CHIPS) <= set(chips.CHIPS) and 'h100' not in chips.TPU_CHIPS
 
 
 def test_count_collectives():
