@@ -274,11 +274,14 @@ def long_context_figure(experiment, results: list[Result]) -> Figure:
              for d in done]
       if lengths:
         _band(axes[1, j], lengths, acc, f'C{i % 10}', group, marker='o')
+        axes[1, j].set_xscale('log', base=2)
+        axes[1, j].set_xticks(lengths, [str(n) for n in lengths])   # the evaluated lengths only
+        axes[1, j].minorticks_off()
       axes[0, j].axvline(done[0]['train_seq_len'], color='gray', ls=':', lw=1)
     axes[0, j].set(xscale='log', xlabel='position', ylabel='loss (nats/token)',
                    title=f'{label}: loss by position')
-    axes[1, j].set(xscale='log', xlabel='prompt length (tokens)', ylabel='exact match (%)',
-                   ylim=(-2, 102), title=f'{label}: RULER-style tasks')
+    axes[1, j].set(xlabel='prompt length (tokens)', ylabel='exact match (%)', ylim=(-2, 102),
+                   title=f'{label}: RULER-style tasks')
     for ax in axes[:, j]:
       if ax.lines:
         ax.legend(fontsize=7)
