@@ -17,7 +17,6 @@ hands Qwen3 the queries and keeps the logits, a forward pre-hook on o_proj appli
   python benchmarks/throughput.py --pytorch     # both, and the JAX / PyTorch ratio
 """
 
-import argparse
 import json
 import os
 import sys
@@ -116,18 +115,10 @@ class StepTimer:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--shape', default='a', choices=sorted(shapes.SHAPES))
-  parser.add_argument('--steps', type=int, default=10, help='steps per variant per round')
-  parser.add_argument('--rounds', type=int, default=5)
-  parser.add_argument('--variants', default=','.join(shapes.VARIANTS))
+  parser = shapes.parser(__doc__.split('\n')[0])
   parser.add_argument('--json', action='store_true', help='print one JSON line (throughput.py)')
   args = parser.parse_args()
-  variants = args.variants.split(',')
-  unknown = sorted(set(variants) - set(shapes.VARIANTS))
-  if unknown or args.steps < 1 or args.rounds < 1:
-    parser.error(f'--variants from {shapes.VARIANTS} (unknown: {unknown}); '
-                 '--steps and --rounds >= 1.')
+  variants = shapes.variants(parser, args)
   torch.set_num_threads(len(os.sched_getaffinity(0)))
   timers = {v: StepTimer(v, args.shape) for v in variants}
   for _ in range(args.rounds):

@@ -5,6 +5,8 @@ Each: 4 layers, QK-norm, RoPE, tied embeddings, vocabulary 384 (the tiny config'
 `batch` sequences of `seq_len` tokens per training step.
 """
 
+import argparse
+
 SHAPES = {
     'a': dict(num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
               ffn_size=768, batch=16, seq_len=256),
@@ -22,3 +24,22 @@ def model_fields(shape: str) -> dict:
   s = dict(SHAPES[shape])
   del s['batch'], s['seq_len']
   return dict(s, vocab_size=VOCAB)
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+  """The arguments both benchmarks take (--shape, --steps, --rounds, --variants)."""
+  p = argparse.ArgumentParser(description=description)
+  p.add_argument('--shape', default='a', choices=sorted(SHAPES))
+  p.add_argument('--steps', type=int, default=10, help='steps per variant per round')
+  p.add_argument('--rounds', type=int, default=5)
+  p.add_argument('--variants', default=','.join(VARIANTS))
+  return p
+
+
+def variants(p: argparse.ArgumentParser, args) -> list[str]:
+  """The --variants list, after checking it and --steps / --rounds (p.error names the fix)."""
+  names = args.variants.split(',')
+  unknown = sorted(set(names) - set(VARIANTS))
+  if unknown or args.steps < 1 or args.rounds < 1:
+    p.error(f'--variants from {VARIANTS} (unknown: {unknown}); --steps and --rounds >= 1.')
+  return names

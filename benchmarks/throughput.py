@@ -21,7 +21,6 @@ ratio JAX / PyTorch tokens/s is printed per variant: one command for the compari
                                   [--variants=baseline,g1_headwise,g1_elementwise] [--pytorch]
 """
 
-import argparse
 import importlib
 import json
 import os
@@ -145,21 +144,13 @@ def print_table(table: list[dict], peak_flops: float, torch_tps: dict | None):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--shape', default='a', choices=sorted(shapes.SHAPES))
-  parser.add_argument('--steps', type=int, default=10, help='steps per variant per round')
-  parser.add_argument('--rounds', type=int, default=5)
-  parser.add_argument('--variants', default=','.join(shapes.VARIANTS))
+  parser = shapes.parser(__doc__.split('\n')[0])
   parser.add_argument('--separate_gate', action='store_true',
                       help='time the separate gate projection (model.fused_gate_projection=False)')
   parser.add_argument('--pytorch', action='store_true',
                       help='also run benchmarks/reference_pytorch.py and print the ratio')
   args = parser.parse_args()
-  variants = args.variants.split(',')
-  unknown = sorted(set(variants) - set(shapes.VARIANTS))
-  if unknown or args.steps < 1 or args.rounds < 1:
-    parser.error(f'--variants from {shapes.VARIANTS} (unknown: {unknown}); '
-                 '--steps and --rounds >= 1.')
+  variants = shapes.variants(parser, args)
   timers = {v: StepTimer(shape_config(v, args.shape, not args.separate_gate)) for v in variants}
   cfg = next(iter(timers.values())).setup.model_cfg
   T = shapes.SHAPES[args.shape]['seq_len']
