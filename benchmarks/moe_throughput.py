@@ -11,16 +11,11 @@ ratios to the dense twin (absolute numbers on a shared CPU are noisy; the ratios
 import argparse
 import importlib
 import json
-import os
-import sys
-import time
 
-import jax
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gated_attention import model as model_lib  # noqa: E402
-from gated_attention import sharding, train  # noqa: E402
+import throughput  # benchmarks/throughput.py: StepTimer, interleave (puts the repo on sys.path)
+from gated_attention import model as model_lib  # pylint: disable=g-bad-import-order
 
 
 def configs(variant: str):
@@ -40,33 +35,13 @@ def main():
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--steps', type=int, default=10)
   args = parser.parse_args()
+  timers = {name: throughput.StepTimer(c) for name, c in configs(args.variant).items()}
+  throughput.interleave(timers, args.rounds, args.steps)
   runs = {}
-  for name, c in configs(args.variant).items():
-    mesh = sharding.build_mesh(c.mesh)
-    setup = train.Setup(c, mesh)
-    params, opt = setup.init(0)
-    rng = np.random.default_rng(0)
-    toks = rng.integers(0, 257, (c.train.batch_size, c.data.seq_len + 1)).astype(np.int32)
-    batch = {'inputs': toks[:, :-1], 'targets': toks[:, 1:],
-             'loss_mask': np.ones((c.train.batch_size, c.data.seq_len), np.float32)}
-    with jax.set_mesh(mesh):
-      batch = setup.global_batch(batch)
-      params, opt, m = setup.train_step(params, opt, batch, 1.0)  # compile
-      jax.block_until_ready(m)
-    report = model_lib.param_report(setup.model_cfg)
-    runs[name] = dict(setup=setup, mesh=mesh, state=(params, opt), batch=batch, times=[],
-                      tokens=c.train.batch_size * c.data.seq_len, total=report['total'],
-                      active=report['active'])
-  for _ in range(args.rounds):
-    for r in runs.values():
-      with jax.set_mesh(r['mesh']):
-        params, opt = r['state']
-        t = time.perf_counter()
-        for _ in range(args.steps):
-          params, opt, m = r['setup'].train_step(params, opt, r['batch'], 1.0)
-        jax.block_until_ready(m)
-        r['times'].append((time.perf_counter() - t) / args.steps)
-        r['state'] = (params, opt)
+  for name, t in timers.items():
+    report = model_lib.param_report(t.setup.model_cfg)
+    runs[name] = dict(times=t.seconds[1:], tokens=t.tokens_per_step, total=report['total'],
+                      active=report['active'])   # seconds[0]: the compiling step
   dense = min(runs['dense, same activated params']['times'])
   rows = []
   for name, r in runs.items():

@@ -198,10 +198,10 @@ def test_committed_experiment_files_load_and_name_real_config_fields(name):
   (a typo would otherwise fail its first run after minutes of training)."""
   import importlib  # pylint: disable=g-import-not-at-top
   exp = spec.load(os.path.join(spec.REPO, 'experiments', f'{name}.py'), report.METRICS)
+  extra = {**exp.analyze_overrides, **exp.long_context_overrides,
+           **{k: v for lc in exp.long_context.values() for k, v in lc.items()}}
   for r in exp.runs:
     cfg = importlib.import_module(f'configs.{r.variant}').get_config(exp.scale)
-    extra = {**exp.analyze_overrides, **exp.long_context_overrides,
-             **{k: v for lc in exp.long_context.values() for k, v in lc.items()}}
     for key in [k for k, _ in r.overrides] + list(extra):
       node = cfg
       for part in key.split('.'):
