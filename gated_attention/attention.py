@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gated_attention import attention_kernels, gating, sharding
-from gated_attention.layers import Inspectable, RMSNorm, param
+from gated_attention.layers import Inspectable, RMSNorm, param, project, project_in
 from gated_attention.rope import RoPE
 
 ATTN_MAP_LEN = 128  # the inspect path records attention maps of the first positions only
@@ -101,8 +101,8 @@ class Attention(Inspectable, nnx.Module):
     `segment_ids_BxT`: document ids for document masking (not with a cache), or None."""
     dt, gate = self.dtype, self.gate
     q, gate_logits = self._queries(x_BxTxD)
-    k = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wk[...].astype(dt))
-    v = jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wv[...].astype(dt))
+    k = project(x_BxTxD, self.wk[...].astype(dt))
+    v = project(x_BxTxD, self.wv[...].astype(dt))
     q, k, v = gate('q', q, x_BxTxD), gate('k', k, x_BxTxD), gate('v', v, x_BxTxD)
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
@@ -125,7 +125,7 @@ class Attention(Inspectable, nnx.Module):
     y_BxTxHxd = gate('sdpa', y_BxTxHxd, x_BxTxD, gate_logits)
     if self.inspect:
       self.sow(nnx.Intermediate, 'sdpa_post_gate', sparsity(y_BxTxHxd))
-    out_BxTxD = jnp.einsum('bthk,hkd->btd', y_BxTxHxd, self.wo[...].astype(dt))
+    out_BxTxD = project_in(y_BxTxHxd, self.wo[...].astype(dt))
     return gate('out', out_BxTxD, x_BxTxD), kv
 
   def _queries(self, x_BxTxD: jax.Array) -> tuple[jax.Array, jax.Array | None]:
@@ -135,11 +135,10 @@ class Attention(Inspectable, nnx.Module):
     in the compute dtype, float32 accumulation (as Qwen3-Next's widened q_proj and Megatron)."""
     dt = self.dtype
     if not self.fused_gate:
-      return jnp.einsum('btd,dhk->bthk', x_BxTxD, self.wq[...].astype(dt)), None
+      return project(x_BxTxD, self.wq[...].astype(dt)), None
     d = self.wq.shape[-1]
     w_DxHxE = jnp.concatenate([self.wq[...], self.gate.query_columns()], axis=-1).astype(dt)
-    qg_BxTxHxE = jnp.einsum('btd,dhe->bthe', x_BxTxD, w_DxHxE,
-                            preferred_element_type=jnp.float32)
+    qg_BxTxHxE = project(x_BxTxD, w_DxHxE, preferred_element_type=jnp.float32)
     return qg_BxTxHxE[..., :d].astype(dt), qg_BxTxHxE[..., d:]
 
   def _inspected_attention(self, q, k, v, segment_ids_BxT) -> jax.Array:

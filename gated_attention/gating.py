@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gated_attention.errors import ConfigError
-from gated_attention.layers import Inspectable
+from gated_attention.layers import Inspectable, project
 
 POSITIONS = ('none', 'g1', 'g2', 'g3', 'g4', 'g5')
 KINDS = ('gate', 'rmsnorm', 'silu_noparam')
@@ -203,7 +203,7 @@ class Gate(Inspectable, nnx.Module):
     """XW (or the bias) in float32, shaped to broadcast against the gated tensor (headwise:
     a trailing axis of 1, the shape `query_columns` yields)."""
     if self.spec.input_dependent:
-      logits = jnp.einsum('btd,d...->bt...', x_BxTxD.astype(jnp.float32), self.kernel[...])
+      logits = project(x_BxTxD.astype(jnp.float32), self.kernel[...])
     else:
       logits = self.bias[...][None, None]
     if self.spec.granularity == 'headwise':

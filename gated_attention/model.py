@@ -28,7 +28,7 @@ from gated_attention import sharding
 from gated_attention.attention import Attention
 from gated_attention.attention_kernels import document_ids  # noqa: F401 (re-exported)
 from gated_attention.config import ModelConfig
-from gated_attention.layers import MLP, Embed, Inspectable, RMSNorm, capture_stats, param
+from gated_attention.layers import MLP, Embed, Inspectable, RMSNorm, capture_stats, param, project
 from gated_attention.moe import MoE
 
 REMAT_POLICIES = {
@@ -140,7 +140,7 @@ class Transformer(nnx.Module):
 
   @staticmethod
   def logits(h_BxTxD: jax.Array, kernel_DxV: jax.Array) -> jax.Array:
-    logits = jnp.einsum('btd,dv->btv', h_BxTxD, kernel_DxV.astype(h_BxTxD.dtype))
+    logits = project(h_BxTxD, kernel_DxV.astype(h_BxTxD.dtype))
     return sharding.constrain(logits, ('batch', 'seq', 'vocab')).astype(jnp.float32)
 
   def ffn_loss_and_metrics(self, aux_L: dict) -> tuple[jax.Array, dict]:

@@ -21,6 +21,41 @@ def _f64(a):
   return np.asarray(a, np.float64)
 
 
+@pytest.mark.parametrize('w_shape', [(D, F), (D, 4, 8), (D,)])
+def test_project_matches_numpy_einsum(w_shape):
+  x, w = _randn(11, (B, T, D)), _randn(12, w_shape, 0.2)
+  got = layers.project(x, w)
+  want = np.einsum('btd,d...->bt...', _f64(x), _f64(w))
+  assert got.shape == want.shape
+  np.testing.assert_allclose(got, want, **TOL)
+  # bfloat16 inputs, float32 accumulation (the fused query-and-gate projection)
+  got16 = layers.project(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
+                         preferred_element_type=jnp.float32)
+  assert got16.dtype == jnp.float32
+  want16 = np.einsum('btd,d...->bt...', _f64(x.astype(jnp.bfloat16)), _f64(w.astype(jnp.bfloat16)))
+  np.testing.assert_allclose(got16, want16, rtol=1e-4, atol=1e-4)
+
+
+def test_project_in_and_gradients_match_numpy():
+  """project_in contracts [.., H, d] with [H, d, D]; both projections' gradients (the weight
+  gradient contracts the flattened tokens) match the float64 einsum's."""
+  y, wo = _randn(13, (B, T, 4, 8)), _randn(14, (4, 8, D), 0.2)
+  np.testing.assert_allclose(layers.project_in(y, wo),
+                             np.einsum('bthk,hkd->btd', _f64(y), _f64(wo)), **TOL)
+  x, w, ct = _randn(15, (B, T, D)), _randn(16, (D, 4, 8), 0.2), _randn(17, (B, T, D))
+
+  def loss(x, w, wo):
+    return jnp.sum(layers.project_in(jnp.tanh(layers.project(x, w)), wo) * ct)
+
+  gx, gw, gwo = jax.grad(loss, argnums=(0, 1, 2))(x, w, wo)
+  x64, w64, wo64, ct64 = map(_f64, (x, w, wo, ct))
+  h = np.tanh(np.einsum('btd,dhk->bthk', x64, w64))
+  dh = np.einsum('btd,hkd->bthk', ct64, wo64) * (1 - h ** 2)
+  np.testing.assert_allclose(gwo, np.einsum('bthk,btd->hkd', h, ct64), **TOL)
+  np.testing.assert_allclose(gw, np.einsum('btd,bthk->dhk', x64, dh), **TOL)
+  np.testing.assert_allclose(gx, np.einsum('bthk,dhk->btd', dh, w64), **TOL)
+
+
 @pytest.mark.parametrize('eps', [1e-6, 1e-2])
 def test_rmsnorm_matches_numpy(eps):
   norm = layers.RMSNorm(D, eps=eps)
