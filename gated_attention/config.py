@@ -47,6 +47,7 @@ class ModelConfig:
   init_std: float = 0.02
   dtype: str = 'float32'        # compute dtype; parameters are always float32
   remat: str = 'none'
+  scan_layers: bool = True      # False: the layer loop unrolled (CPU-scale models: faster steps)
   attention_impl: str = 'auto'
   attention_block_q: int = 0    # splash / blockwise tiles (0: the kernel's default; capped at T)
   attention_block_kv: int = 0
@@ -80,8 +81,9 @@ class ModelConfig:
     if self.rope_scaling.type not in ROPE_SCALINGS:
       bad('rope_scaling.type', f'{self.rope_scaling.type!r} is not one of '
           f'{", ".join(ROPE_SCALINGS)}.')
-    if not isinstance(self.fused_gate_projection, bool):
-      bad('fused_gate_projection', f'must be True or False, got {self.fused_gate_projection!r}.')
+    for field in ('fused_gate_projection', 'scan_layers'):
+      if not isinstance(getattr(self, field), bool):
+        bad(field, f'must be True or False, got {getattr(self, field)!r}.')
     try:
       jnp.dtype(self.dtype)
     except TypeError:

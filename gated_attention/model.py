@@ -7,7 +7,8 @@
     logits_BxTxV, kv = model.decode(tokens_BxT, start_B, kv)  # with a KV cache (generate.py)
 
 Blocks are created once with `nnx.vmap` (parameters stacked on a leading 'layers' axis) and run
-with `nnx.scan`, so a 48-layer model compiles like a 1-layer one.
+with `nnx.scan`, so a 48-layer model compiles like a 1-layer one (`model.scan_layers=False`
+unrolls that scan: faster small models on CPU, configs/base.py).
 
 The FFN of a block is a dense SwiGLU (layers.MLP) or a Mixture of Experts (moe.MoE); both follow
 one interface: `ffn(x, pooled) -> (y, aux)`, with `reduce_aux(aux_L) -> (loss, metrics)` (its
@@ -131,7 +132,8 @@ class Transformer(nnx.Module):
 
     if self.cfg.remat != 'none':
       body = nnx.remat(body, policy=REMAT_POLICIES[self.cfg.remat])
-    scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0))
+    # scan_layers=False unrolls the loop (unroll=True): the parameters stay stacked [L, ...].
+    scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0), unroll=not self.cfg.scan_layers)
     return scan(h_BxTxD, self.blocks, pooled, kv)
 
   def head_kernel(self) -> jax.Array:
