@@ -2,7 +2,8 @@
 
 Times the gradient of sum(attention(q, k, v)^2) after a warm-up call (compilation excluded), the
 best of --rounds, with the same number of tokens at every length (batch = --tokens / T), on the
-default backend. attention_kernels.BLOCKWISE_MIN_T_CPU ('auto' on CPU) was chosen from its output.
+default backend. attention_kernels.BLOCKWISE_MIN_T_PER_HEAD_DIM_CPU ('auto' on CPU) was chosen
+from its output at three head dims.
 
   python benchmarks/attention.py [--lengths=128,256,512,1024,2048] [--impls=xla,blockwise:128]
                                  [--heads=4,2,32] [--tokens=4096] [--rounds=3]

@@ -21,15 +21,22 @@ in attention.py, never in here.
              [block_q, block_kv] tile of scores per head exists at a time, forward and backward,
              and key tiles after the query tile are skipped. Tiles divide T (default 128).
   auto       `choose`: splash on TPU and cudnn on GPU where the shapes and dtype allow, else xla;
-             on CPU blockwise from T = 512 (BLOCKWISE_MIN_T_CPU), else xla.
+             on CPU blockwise from T = 16 x head_dim (BLOCKWISE_MIN_T_PER_HEAD_DIM_CPU), else xla.
 
-Why blockwise from 512 on CPU: benchmarks/attention.py (forward + backward of the tiny model's
-heads, H=4, K=2, d=32, 4096 tokens per call, float32) on this project's 2-core CPU, in ms:
-  T          128   256   512   1024   2048   4096
-  xla         45    88   177    443    978   2045
-  blockwise   55    80   112    182  360-556    -   (128-token tiles; 734 with 256 at 4096)
-Blockwise wins from T=256 and by 1.6x-2.7x from 512, and its memory is linear in T; at T=128 (the
-default `tiny` run) xla stays, which also keeps that run's numbers as they were.
+Why blockwise from T = 16 d on CPU: benchmarks/attention.py (forward + backward, 4096 tokens per
+call, float32, 128-token tiles) on this project's 2-core CPU, in ms:
+  H, K, d        T   128   256   512   1024   2048   4096
+  4, 2, 32  xla       45    88   177    443    978   2045
+            blockwise 55    80   112    182  360-556   734 (256-token tiles)
+  8, 4, 64  xla            127   232    552   1152
+            blockwise      188   229    369    723
+  8, 4, 128 xla            174   354    719   2659
+            blockwise      346   542   1058   1751
+(`--heads=8,4,64 --lengths=256,512,1024,2048 --rounds=5`, and 8,4,128.) XLA's attention writes
+the [T, T] scores of every head to memory; the blockwise loop pays per tile. The scores' traffic
+grows with T per unit of matmul work while the tile overhead shrinks with d, so the crossover moves
+with the head dim: about T = 16 d at all three (512, 512-1024, 1024-2048). At T=128 (the default
+`tiny` run) xla stays.
 
 Document masking (data.document_mask): packed windows hold several documents (input_pipeline
 packing.py joins them, each starting with BOS). With `segment_ids_BxT` (int, [B, T]) a query
@@ -52,7 +59,7 @@ from gated_attention.errors import ConfigError
 
 IMPLS = ('auto', 'xla', 'cudnn', 'splash', 'blockwise')
 DEFAULT_BLOCKS = {'splash': 512, 'blockwise': 128}  # config block size 0: these
-BLOCKWISE_MIN_T_CPU = 512   # 'auto' on CPU: blockwise from this sequence length (measured above)
+BLOCKWISE_MIN_T_PER_HEAD_DIM_CPU = 16   # 'auto' on CPU: blockwise from T = 16 x head_dim (above)
 _NEG = -1e30        # a masked score: finite, so fully masked tiles never give inf - inf
 _LANES = 128        # splash tiles are multiples of the TPU lane width
 
@@ -110,7 +117,7 @@ def choose(impl: str, platform: str, dtype, T: int, head_dim: int, block_q: int,
     return 'splash'
   if platform == 'gpu' and cudnn_fits(dtype, head_dim, T, masked):
     return 'cudnn'
-  if (platform == 'cpu' and T >= BLOCKWISE_MIN_T_CPU
+  if (platform == 'cpu' and T >= BLOCKWISE_MIN_T_PER_HEAD_DIM_CPU * head_dim
       and block_problem('blockwise', T, block_q, block_kv) is None):
     return 'blockwise'
   return 'xla'

@@ -177,6 +177,9 @@ def test_auto_choice_per_platform():
   assert choose('auto', 'gpu', jnp.bfloat16, 4095, 128, 0, 0, masked=True) == 'xla'
   assert choose('auto', 'cpu', jnp.float32, 128, 32, 0, 0) == 'xla'          # the tiny default
   assert choose('auto', 'cpu', jnp.float32, 512, 32, 0, 0) == 'blockwise'
+  assert choose('auto', 'cpu', jnp.float32, 512, 64, 0, 0) == 'xla'          # from 16 x head_dim
+  assert choose('auto', 'cpu', jnp.float32, 1024, 64, 0, 0) == 'blockwise'
+  assert choose('auto', 'cpu', jnp.float32, 1024, 128, 0, 0) == 'xla'
   assert choose('auto', 'cpu', jnp.float32, 1000, 32, 0, 0) == 'xla'         # 128 does not divide
   assert choose('blockwise', 'tpu', jnp.float32, 8, 32, 0, 0) == 'blockwise'  # explicit: kept
 
