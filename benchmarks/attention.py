@@ -2,10 +2,11 @@
 
 Times the gradient of sum(attention(q, k, v)^2) after a warm-up call (compilation excluded), the
 best of --rounds, with the same number of tokens at every length (batch = --tokens / T), on the
-default backend. attention_kernels.BLOCKWISE_MIN_T_PER_HEAD_DIM_CPU ('auto' on CPU) was chosen
-from its output at three head dims.
+default backend. The CPU choice of 'auto' (attention_kernels.choose: chunked up to
+CHUNKED_MAX_T_CPU, then blockwise) was made from its output at three head dims.
 
-  python benchmarks/attention.py [--lengths=128,256,512,1024,2048] [--impls=xla,blockwise:128]
+  python benchmarks/attention.py [--lengths=128,256,512,1024,2048]
+                                 [--impls=xla,blockwise:128,chunked:128]
                                  [--heads=4,2,32] [--tokens=4096] [--rounds=3]
 """
 
@@ -42,7 +43,7 @@ def time_one(impl: str, block: int, T: int, B: int, heads, rounds: int) -> float
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--lengths', default='128,256,512,1024,2048')
-  parser.add_argument('--impls', default='xla,blockwise:128', help='impl[:block],...')
+  parser.add_argument('--impls', default='xla,blockwise:128,chunked:128', help='impl[:block],...')
   parser.add_argument('--heads', default='4,2,32', help='H,K,d (the tiny model: 4,2,32)')
   parser.add_argument('--tokens', type=int, default=4096)
   parser.add_argument('--rounds', type=int, default=3)

@@ -81,10 +81,12 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
       # shapes.py, same compile time); compile time grows with depth, so the paper's scales scan.
       # Parameters and checkpoints are the same either way.
       scan_layers=True,
-      # auto (splash on TPU, cudnn on GPU where they fit, else xla) | xla | cudnn | splash
-      # (Pallas, TPU) | blockwise (pure-JAX online softmax); gated_attention/attention_kernels.py
+      # auto (splash on TPU, cudnn on GPU where they fit, chunked / blockwise on CPU, else xla)
+      # | xla | cudnn | splash (Pallas, TPU) | blockwise (pure-JAX online softmax) | chunked
+      # (pure-JAX causal query chunks); gated_attention/attention_kernels.py
       attention_impl='auto',
-      attention_block_q=0,      # splash / blockwise query tile (0: 512 splash, 128 blockwise)
+      attention_block_q=0,      # splash / blockwise query tile, chunked query chunk (0: 512
+                                # splash, 128 blockwise and chunked)
       attention_block_kv=0,     # splash / blockwise key tile; both divide data.seq_len (splash:
                                 # multiples of 128); capped at data.seq_len
       gate=gate_config(),

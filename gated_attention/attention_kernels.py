@@ -20,23 +20,30 @@ in attention.py, never in here.
              recomputes each tile's probabilities from the saved log-sum-exp. At most one
              [block_q, block_kv] tile of scores per head exists at a time, forward and backward,
              and key tiles after the query tile are skipped. Tiles divide T (default 128).
+  chunked    pure JAX: the queries in chunks of block_q (default 128), chunk i attending to its key
+             prefix [0, (i+1) block_q) in one exact softmax. The causal half of the work (keys after
+             a chunk are never touched), no [T, T] buffer, an unrolled loop of static shapes, and
+             every matmul over [B, K, G x chunk, ...] with (b, k) batch axes and one contracting
+             axis, so XLA:CPU needs no transposed copies, forward or backward. Autodiff saves each
+             chunk's probabilities: memory grows as T^2 / 2 per head (blockwise's is linear).
   auto       `choose`: splash on TPU and cudnn on GPU where the shapes and dtype allow, else xla;
-             on CPU blockwise from T = 16 x head_dim (BLOCKWISE_MIN_T_PER_HEAD_DIM_CPU), else xla.
+             on CPU chunked up to T = 4096 (CHUNKED_MAX_T_CPU), blockwise beyond, where the
+             tiles divide T, else xla.
 
-Why blockwise from T = 16 d on CPU: benchmarks/attention.py (forward + backward, 4096 tokens per
-call, float32, 128-token tiles) on this project's 2-core CPU, in ms:
-  H, K, d        T   128   256   512   1024   2048   4096
-  4, 2, 32  xla       45    88   177    443    978   2045
-            blockwise 55    80   112    182  360-556   734 (256-token tiles)
-  8, 4, 64  xla            127   232    552   1152
-            blockwise      188   229    369    723
-  8, 4, 128 xla            174   354    719   2659
-            blockwise      346   542   1058   1751
-(`--heads=8,4,64 --lengths=256,512,1024,2048 --rounds=5`, and 8,4,128.) XLA's attention writes
-the [T, T] scores of every head to memory; the blockwise loop pays per tile. The scores' traffic
-grows with T per unit of matmul work while the tile overhead shrinks with d, so the crossover moves
-with the head dim: about T = 16 d at all three (512, 512-1024, 1024-2048). At T=128 (the default
-`tiny` run) xla stays.
+Why chunked on CPU: forward + backward on this project's 2-core CPU, float32, 4096-8192 tokens a
+call, best of 5, the implementations interleaved (ms; 128-token tiles / chunks):
+  B, T, H, K, d         xla    blockwise   chunked
+  16,  128, 4, 2,  32    13.6      16.0        8.5
+  16,  256, 4, 2,  64   107.1      98.5       74.0
+   8,  512, 8, 4,  64   424.5     354.8      231.8   (issue 14's shape b)
+   4, 1024, 8, 4,  64  1002.8     576.2      398.2
+   4, 1024, 8, 4, 128  1358.0    1098.4      615.7
+   2, 2048, 4, 2,  32   981.4     347.8      236.4
+   2, 2048, 8, 4, 128  2699.3    1926.6     1017.6
+   1, 4096, 4, 2,  32  1881.0     738.3      516.9
+(chunks of 64: within 5% of 128 except at 2048 x d=128 and 4096, where 10-20% slower; of 256:
+10-50% slower.) `python benchmarks/attention.py --impls=xla,blockwise:128,chunked:128` repeats it.
+Beyond 4096 blockwise takes over on CPU for its linear memory (not timed there).
 
 Document masking (data.document_mask): packed windows hold several documents (input_pipeline
 packing.py joins them, each starting with BOS). With `segment_ids_BxT` (int, [B, T]) a query
@@ -57,9 +64,9 @@ import jax.numpy as jnp
 from gated_attention import sharding
 from gated_attention.errors import ConfigError
 
-IMPLS = ('auto', 'xla', 'cudnn', 'splash', 'blockwise')
-DEFAULT_BLOCKS = {'splash': 512, 'blockwise': 128}  # config block size 0: these
-BLOCKWISE_MIN_T_PER_HEAD_DIM_CPU = 16   # 'auto' on CPU: blockwise from T = 16 x head_dim (above)
+IMPLS = ('auto', 'xla', 'cudnn', 'splash', 'blockwise', 'chunked')
+DEFAULT_BLOCKS = {'splash': 512, 'blockwise': 128, 'chunked': 128}  # config block size 0: these
+CHUNKED_MAX_T_CPU = 4096   # 'auto' on CPU: chunked up to this length, blockwise beyond (above)
 _NEG = -1e30        # a masked score: finite, so fully masked tiles never give inf - inf
 _LANES = 128        # splash tiles are multiples of the TPU lane width
 
@@ -95,7 +102,9 @@ def block_problem(impl: str, T: int, block_q: int, block_kv: int) -> str | None:
   if impl not in DEFAULT_BLOCKS:
     return None
   bq, bkv = blocks(impl, T, block_q, block_kv)
-  if T % bq or T % bkv:
+  if impl == 'chunked' and T % bq:                  # keys: the whole prefix, block_kv unused
+    return f'the query chunk {bq} must divide the sequence length {T}'
+  if impl != 'chunked' and (T % bq or T % bkv):
     return f'the blocks ({bq}, {bkv}) must divide the sequence length {T}'
   if impl == 'splash' and (bq % _LANES or bkv % _LANES):
     return f'splash needs blocks that are multiples of {_LANES}, got ({bq}, {bkv})'
@@ -117,9 +126,10 @@ def choose(impl: str, platform: str, dtype, T: int, head_dim: int, block_q: int,
     return 'splash'
   if platform == 'gpu' and cudnn_fits(dtype, head_dim, T, masked):
     return 'cudnn'
-  if (platform == 'cpu' and T >= BLOCKWISE_MIN_T_PER_HEAD_DIM_CPU * head_dim
-      and block_problem('blockwise', T, block_q, block_kv) is None):
-    return 'blockwise'
+  if platform == 'cpu':
+    impl = 'chunked' if T <= CHUNKED_MAX_T_CPU else 'blockwise'
+    if block_problem(impl, T, block_q, block_kv) is None:
+      return impl
   return 'xla'
 
 
@@ -150,6 +160,8 @@ def attend(q_BxTxHxd: jax.Array, k_BxTxKxd: jax.Array, v_BxTxKxd: jax.Array, imp
                             interpret=platform != 'tpu')
   if impl == 'blockwise':
     return blockwise_attention(*args, block_q=block_q, block_kv=block_kv)
+  if impl == 'chunked':
+    return chunked_attention(*args, block_q=block_q)
   mask = None
   if segment_ids_BxT is not None:
     mask = same_document_BxTxS(segment_ids_BxT, segment_ids_BxT)[:, None]   # [B, 1, T, T]
@@ -188,6 +200,41 @@ def splash_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, segment_ids_BxT=None, *, b
   # Pallas calls cannot declare how their outputs vary over the manual mesh axes.
   return sharding.per_batch_shard(per_shard, q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, segment_ids_BxT,
                                   check_vma=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Chunked causal attention in pure JAX
+# --------------------------------------------------------------------------------------------
+
+def chunked_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, segment_ids_BxT=None, *,
+                      block_q: int = 0) -> jax.Array:
+  """Causal attention by query chunks, each over its key prefix in one softmax (module doc)."""
+  B, T, H, d = q_BxTxHxd.shape
+  K = k_BxTxKxd.shape[2]
+  G = H // K
+  c = blocks('chunked', T, block_q, 0)[0]
+  # [B, K, G, T, d]: a query's head group next to its KV head, so every product below has the
+  # batch axes (b, k) first and contracts a single axis.
+  q_BxKxGxTxd = q_BxTxHxd.reshape(B, T, K, G, d).transpose(0, 2, 3, 1, 4)
+  k_BxKxTxd, v_BxKxTxd = k_BxTxKxd.transpose(0, 2, 1, 3), v_BxTxKxd.transpose(0, 2, 1, 3)
+  scale = jnp.asarray(1 / math.sqrt(d), jnp.float32)
+  outs = []
+  for i in range(T // c):
+    S = (i + 1) * c                                          # the chunk's key prefix
+    q_BxKxQxd = q_BxKxGxTxd[:, :, :, i * c:S].reshape(B, K, G * c, d)
+    logits = jnp.einsum('bkqd,bksd->bkqs', q_BxKxQxd, k_BxKxTxd[:, :, :S],
+                        preferred_element_type=jnp.float32) * scale
+    visible_cxS = jnp.arange(S)[None, :] <= jnp.arange(i * c, S)[:, None]
+    if segment_ids_BxT is None:
+      visible = visible_cxS[None, None, None]
+    else:
+      same = same_document_BxTxS(segment_ids_BxT[:, i * c:S], segment_ids_BxT[:, :S])
+      visible = (visible_cxS[None] & same)[:, None, None]   # [B, 1, 1, c, S]
+    logits = jnp.where(visible, logits.reshape(B, K, G, c, S), _NEG).reshape(B, K, G * c, S)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v_BxTxKxd.dtype)
+    outs.append(jnp.einsum('bkqs,bksd->bkqd', probs, v_BxKxTxd[:, :, :S]).reshape(B, K, G, c, d))
+  out_BxKxGxTxd = jnp.concatenate(outs, axis=3)
+  return out_BxKxGxTxd.transpose(0, 3, 1, 2, 4).reshape(B, T, H, d)
 
 
 # --------------------------------------------------------------------------------------------

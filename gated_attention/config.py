@@ -23,7 +23,7 @@ from gated_attention.moe import MoESpec
 from gated_attention.rope import RopeScaling
 
 REMAT = ('none', 'full', 'dots', 'dots_no_batch')
-ATTENTION_IMPLS = attention_kernels.IMPLS  # auto | xla | cudnn | splash | blockwise
+ATTENTION_IMPLS = attention_kernels.IMPLS  # auto | xla | cudnn | splash | blockwise | chunked
 ROPE_SCALINGS = ('none', 'yarn')
 __all__ = ['ModelConfig', 'RopeScaling', 'dense_ffn_size']
 

@@ -136,6 +136,8 @@ DOC_CORES = {
     # tiles of 4 queries x 6 keys: tiles straddle documents and the diagonal
     'blockwise': lambda q, k, v, s: attention_kernels.attend(q, k, v, 'blockwise', s,
                                                              block_q=4, block_kv=6),
+    # chunks of 4 queries over T=12: three key prefixes (4, 8, 12), chunks straddle documents
+    'chunked': lambda q, k, v, s: attention_kernels.attend(q, k, v, 'chunked', s, block_q=4),
 }
 
 
@@ -153,6 +155,14 @@ def test_blockwise_gqa_head_mapping(H, K):
   seg = jnp.asarray(DOC_IDS)
   _check_core(jax.jit(lambda q, k, v: attention_kernels.blockwise_attention(
       q, k, v, seg, block_q=6, block_kv=4)), seg, H=H, K=K)
+
+
+@pytest.mark.parametrize('H,K', [(6, 2), (4, 1)])
+def test_chunked_gqa_head_mapping(H, K):
+  """Other head groupings (query chunks of 3) and MQA, with documents."""
+  seg = jnp.asarray(DOC_IDS)
+  _check_core(jax.jit(lambda q, k, v: attention_kernels.chunked_attention(
+      q, k, v, seg, block_q=3)), seg, H=H, K=K)
 
 
 def test_splash_in_interpret_mode_matches_reference_with_gradients():
@@ -175,22 +185,24 @@ def test_auto_choice_per_platform():
   assert choose('auto', 'gpu', jnp.float32, 4096, 128, 0, 0) == 'xla'        # cuDNN: 16-bit
   assert choose('auto', 'gpu', jnp.bfloat16, 4096, 256, 0, 0) == 'xla'       # head_dim > 128
   assert choose('auto', 'gpu', jnp.bfloat16, 4095, 128, 0, 0, masked=True) == 'xla'
-  assert choose('auto', 'cpu', jnp.float32, 128, 32, 0, 0) == 'xla'          # the tiny default
-  assert choose('auto', 'cpu', jnp.float32, 512, 32, 0, 0) == 'blockwise'
-  assert choose('auto', 'cpu', jnp.float32, 512, 64, 0, 0) == 'xla'          # from 16 x head_dim
-  assert choose('auto', 'cpu', jnp.float32, 1024, 64, 0, 0) == 'blockwise'
-  assert choose('auto', 'cpu', jnp.float32, 1024, 128, 0, 0) == 'xla'
+  assert choose('auto', 'cpu', jnp.float32, 128, 32, 0, 0) == 'chunked'      # the tiny default
+  assert choose('auto', 'cpu', jnp.float32, 100, 32, 0, 0) == 'chunked'      # one chunk of 100
+  assert choose('auto', 'cpu', jnp.float32, 4096, 64, 0, 0) == 'chunked'
+  assert choose('auto', 'cpu', jnp.float32, 8192, 64, 0, 0) == 'blockwise'   # linear memory
   assert choose('auto', 'cpu', jnp.float32, 1000, 32, 0, 0) == 'xla'         # 128 does not divide
   assert choose('blockwise', 'tpu', jnp.float32, 8, 32, 0, 0) == 'blockwise'  # explicit: kept
 
 
 def test_bad_attention_settings_are_named():
-  with pytest.raises(ValueError, match='attention_impl.*auto, xla, cudnn, splash, blockwise'):
+  with pytest.raises(ValueError, match='attention_impl.*auto, xla, cudnn, splash, blockwise, ch'):
     model_config(ref.tiny_model_config('baseline', attention_impl='flash'))
   with pytest.raises(ValueError, match='attention_block_q'):
     model_config(ref.tiny_model_config('baseline', attention_block_q=-1))
   with pytest.raises(ValueError, match=r'blocks \(128, 128\) must divide the sequence length 200'):
     attention_kernels.check('blockwise', 200, 0, 0)
+  with pytest.raises(ValueError, match='query chunk 128 must divide the sequence length 200'):
+    attention_kernels.check('chunked', 200, 0, 0)
+  attention_kernels.check('chunked', 256, 64, 7)                   # keys: whole prefixes
   with pytest.raises(ValueError, match='multiples of 128'):
     attention_kernels.check('splash', 256, 64, 128)
   attention_kernels.check('splash', 256, 0, 0)                     # 512 capped at 256: fine
@@ -236,6 +248,9 @@ MODULE_CASES = {
     # the blockwise core inside the module (tiles of 4 queries x 2 keys over T=8)
     'g1_blockwise': dict(attention_impl='blockwise', attention_block_q=4, attention_block_kv=2,
                          gate=dict(position='g1')),
+    # 'auto' is chunked on CPU (one chunk at T=8): the other cores inside the module
+    'g1_chunked': dict(attention_impl='chunked', attention_block_q=2, gate=dict(position='g1')),
+    'g1_xla': dict(attention_impl='xla', gate=dict(position='g1')),
 }
 
 
