@@ -231,8 +231,8 @@ def _attention_note(config, model_cfg) -> str:
       bool(config.data.get('document_mask', False)))
   return (f'Activations are traced on this machine, attention as {impl!r} '
           f'(model.attention_impl={m.attention_impl!r}): xla keeps the scores [batch, heads, T, '
-          'T] for the backward pass; blockwise, splash and cuDNN flash attention keep O(T) per '
-          'head.')
+          'T] for the backward pass, chunked the causal half of them; blockwise, splash and cuDNN '
+          'flash attention keep O(T) per head.')
 
 
 def report(config) -> dict:
