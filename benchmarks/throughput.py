@@ -157,7 +157,8 @@ def main():
   core = attention_kernels.choose(cfg.attention_impl, cfg.platform, cfg.compute_dtype, T,
                                   cfg.head_dim, cfg.attention_block_q, cfg.attention_block_kv)
   print(f'shape {args.shape} {shapes.SHAPES[args.shape]}, {jax.default_backend()}, '
-        f'attention core {core}, {args.rounds} rounds x {args.steps} steps', flush=True)
+        f'attention core {core}, scan_layers={cfg.scan_layers}, '
+        f'{args.rounds} rounds x {args.steps} steps', flush=True)
   interleave(timers, args.rounds, args.steps)
   peak = matmul_peak()
   table = rows({v: t.summary() for v, t in timers.items()}, peak)
