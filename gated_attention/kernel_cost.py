@@ -68,14 +68,15 @@ def custom_call_cost(name: str, attrs: str, operands: list[tuple[tuple, float]],
   `operands`: (shape, bytes) of each operand in order; `outputs_bytes`, `output_dims`: its
   results; `attrs`: the instruction's text after its operands (op_name metadata, frontend
   attributes, backend config). A dkv kernel is the fused one when it also returns the partial
-  dq [kv tiles, *q.shape] (its metadata does not say)."""
+  dq (q's shape with an axis of kv tiles; its metadata does not say)."""
   est = cost_estimate(attrs)
   op_name = re.search(r'op_name="([^"]*)"', attrs)
   op_name = (op_name.group(1) if op_name else '') + ' ' + name
   meta = _xprof(attrs)
   q_dims = next((s for s, b in operands if len(s) >= 3 and b >= 2 * math.prod(s)), ())
-  fused = bool(meta.get('use_fused_bwd_kernel')) or any(
-      len(o) > len(q_dims) and o[-len(q_dims):] == q_dims for o in output_dims if q_dims)
+  fused = bool(meta.get('use_fused_bwd_kernel')) or any(   # q's shape with a kv-tile axis
+      len(o) == len(q_dims) + 1 and q_dims in {o[:i] + o[i + 1:] for i in range(len(o))}
+      for o in output_dims if q_dims)
   kind = splash_kind(op_name, fused)
   if est is not None:
     kernel = 'megablox' if re.search(r'gmm', op_name) else 'kernel'

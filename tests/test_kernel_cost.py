@@ -118,6 +118,21 @@ def test_hlo_loop_cost_adds_splash_kernels_and_reads_past_their_attributes():
   assert c['kernel_bytes'] == pytest.approx(5 * (once + reread))
 
 
+def test_fused_dkv_kernel_is_recognised_by_its_partial_dq():
+  """The fused kernel's metadata omits the flag; its extra output (partial dq per key tile,
+  here behind the vmapped batch axis) marks it."""
+  B, H, K, T, d = 16, 16, 8, 4096, 128
+  attrs = ('metadata={op_name="jit(f)/splash_mha_dkv_no_residuals/pallas_call"}, '
+           'frontend_attributes={kernel_metadata={"xprof_metadata":"{\\"block_q_dkv\\": 512, '
+           '\\"block_kv_dkv\\": 512, \\"q_layout\\": 1, \\"k_layout\\": 1}"}}')
+  q, kv = ((B, H, T, d), B * H * T * d * 2.0), ((B, K, T, d), B * K * T * d * 2.0)
+  outs = [(B, 8, H, T, d), (B, K, T, d), (B, K, T, d)]
+  fused = kernel_cost.custom_call_cost('dkv', attrs, [q, kv, kv], 1.0, outs)
+  plain = kernel_cost.custom_call_cost('dkv', attrs, [q, kv, kv], 1.0, outs[1:])
+  assert fused['flops'] == kernel_cost.splash_flops('dkv_fused', B * H, T, T, d, 512, 512)
+  assert plain['flops'] == kernel_cost.splash_flops('dkv', B * H, T, T, d, 512, 512)
+
+
 def test_kernels_with_a_cost_estimate_are_left_to_xla():
   attrs = ('metadata={op_name="jit(f)/gmm/pallas_call"}, backend_config={"custom_call_config":'
            '{"body":"x", "cost_estimate": {"flops": 1000, "transcendentals": 0, '
@@ -131,7 +146,8 @@ def test_kernels_with_a_cost_estimate_are_left_to_xla():
 
 @pytest.mark.slow
 @needs_libtpu
-def test_splash_on_a_tpu_compile_is_invisible_to_xla_and_counted_here():
+@pytest.mark.parametrize('fused_bwd', [True, False])
+def test_splash_on_a_tpu_compile_is_invisible_to_xla_and_counted_here(fused_bwd):
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
   from gated_attention import aot, attention_kernels
   _, devices = aot.topology_devices('v5p:2x2x1')
@@ -140,7 +156,8 @@ def test_splash_on_a_tpu_compile_is_invisible_to_xla_and_counted_here():
   spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=NamedSharding(mesh, P()))  # noqa: E731
 
   def loss(q, k, v):
-    return attention_kernels.attend(q, k, v, 'splash', platform='tpu').astype(jnp.float32).sum()
+    return attention_kernels.attend(q, k, v, 'splash', platform='tpu',
+                                    fused_bwd=fused_bwd).astype(jnp.float32).sum()
 
   with jax.set_mesh(mesh):
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(
@@ -149,7 +166,7 @@ def test_splash_on_a_tpu_compile_is_invisible_to_xla_and_counted_here():
   xla = xla[0] if isinstance(xla, (list, tuple)) else xla
   c = hlo_cost.hlo_loop_cost(compiled.as_text())
   expected = sum(kernel_cost.splash_flops(kind, B * H, T, T, d, 512, 512)
-                 for kind in ('fwd', 'dq', 'dkv'))
+                 for kind in (('fwd', 'dkv_fused') if fused_bwd else ('fwd', 'dq', 'dkv')))
   assert c['kernel_flops'] == expected
   assert xla['flops'] < 0.01 * expected      # XLA sees (almost) none of it
   assert c['kernel_bytes'] >= 4 * math.prod((B, T, H, d)) * 2
