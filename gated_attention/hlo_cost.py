@@ -271,11 +271,9 @@ class _HloCost:
         if op == 'custom-call' and 'tpu_custom_call' in attrs:
           kc = self.custom_call(name, operands, attrs, sizes, dims)
           cat = kc['kernel'] + ' kernel'
-          if kc['counted_by_xla']:       # XLA used the kernel's estimate; so do we
-            add('bytes', kc['bytes'], cat)
-          else:                           # XLA counted nothing: the report adds these
-            add('kernel_bytes', kc['bytes'], cat)
-            add('kernel_flops', kc['flops'])
+          add('bytes', kc['xla_bytes'], cat)          # what XLA's cost analysis counted
+          add('kernel_bytes', kc['bytes'] - kc['xla_bytes'], cat)   # what the report adds
+          add('kernel_flops', kc['flops'] - kc['xla_flops'])
           tot['flops:' + cat] = tot.get('flops:' + cat, 0.0) + kc['flops']
           top.append((kc['bytes'], cat, where,
                       ';'.join('x'.join(map(str, d)) for d in dims.get(name, []))))

@@ -1,10 +1,17 @@
 """FLOPs and HBM bytes of the Pallas TPU kernels in a compiled step (for hlo_cost / aot.py).
 
 A Pallas kernel compiles to a `tpu_custom_call`. XLA's cost analysis takes its FLOPs and bytes
-from the kernel's own `cost_estimate` when the kernel gives one (megablox gmm / tgmm do: 2 m k n
-FLOPs over all m rows), and otherwise counts NOTHING for it: no FLOPs, no bytes (checked on
-libtpu 0.0.42.1: a module holding only a splash attention call costs the bytes of its iota and
-constants). Splash attention gives no estimate, so the report adds its cost from here:
+from the kernel's own `cost_estimate` when the kernel gives one (megablox gmm / tgmm do), and
+otherwise counts NOTHING for it: no FLOPs, no bytes (checked on libtpu 0.0.42.1: a module
+holding only a splash attention call costs the bytes of its iota and constants). The report
+adds what XLA misses (`flops - xla_flops`, `bytes - xla_bytes` of `custom_call_cost`):
+
+Megablox (gmm, tgmm): its estimate's bytes (row tiles once per n tile, the [k, n] weight tile
+  once per visited row tile, the output), and 2 m k n FLOPs plus the repeated tiles: a row tile
+  that straddles a group boundary is computed once per group, so the kernel visits up to
+  tiles_m + G - 1 tiles (the length of its group_ids operand); FLOPs are charged per visit,
+  2 m k n x visits / tiles_m (an upper bound: 3% over 2 m k n for 128 groups, 4096 tiles).
+Splash attention (no estimate):
 
   FLOPs: 2 x bq x bkv x d per matmul per computed tile, tiles of the causal block-sparse mask
     (a tile is skipped when all its keys follow all its queries; diagonal tiles are computed
@@ -61,9 +68,24 @@ def cost_estimate(attrs: str) -> dict | None:
   return json.loads(m.group(1)) if m else None
 
 
+def _megablox(est: dict, op_name: str, operands: list) -> dict:
+  """Megablox gmm / tgmm: the estimate, FLOPs per visited row tile (module doc)."""
+  flops, nbytes = float(est.get('flops', 0)), float(est.get('bytes_accessed', 0))
+  ints = [s for s, b in operands if len(s) == 1 and b == 4 * s[0]]  # offsets, ids, tile ids, ..
+  arrays = [s for s, b in operands if len(s) >= 2]
+  visits_per_tile = 1.0
+  if len(ints) >= 3 and arrays:
+    groups, visits = ints[0][0] - 1, ints[1][0]
+    tiles_m = visits - (groups - 1)
+    visits_per_tile = visits / tiles_m if tiles_m > 0 else 1.0
+  return dict(kernel='megablox', flops=flops * visits_per_tile, bytes=nbytes, xla_flops=flops,
+              xla_bytes=nbytes)
+
+
 def custom_call_cost(name: str, attrs: str, operands: list[tuple[tuple, float]],
                      outputs_bytes: float, output_dims: list[tuple] = ()) -> dict:
-  """Cost of one tpu_custom_call: {kernel, flops, bytes, counted_by_xla}.
+  """Cost of one tpu_custom_call: {kernel, flops, bytes, xla_flops, xla_bytes}: what it does
+  and what XLA's cost analysis counted for it.
 
   `operands`: (shape, bytes) of each operand in order; `outputs_bytes`, `output_dims`: its
   results; `attrs`: the instruction's text after its operands (op_name metadata, frontend
@@ -78,13 +100,14 @@ def custom_call_cost(name: str, attrs: str, operands: list[tuple[tuple, float]],
       len(o) == len(q_dims) + 1 and q_dims in {o[:i] + o[i + 1:] for i in range(len(o))}
       for o in output_dims if q_dims)
   kind = splash_kind(op_name, fused)
+  if est is not None and re.search(r'gmm', op_name):
+    return _megablox(est, op_name, operands)
   if est is not None:
-    kernel = 'megablox' if re.search(r'gmm', op_name) else 'kernel'
-    return dict(kernel=kernel, flops=float(est.get('flops', 0)),
-                bytes=float(est.get('bytes_accessed', 0)), counted_by_xla=True)
+    flops, nbytes = float(est.get('flops', 0)), float(est.get('bytes_accessed', 0))
+    return dict(kernel='other', flops=flops, bytes=nbytes, xla_flops=flops, xla_bytes=nbytes)
   if kind is None:
     return dict(kernel='uncounted', flops=0.0, bytes=outputs_bytes + sum(b for _, b in operands),
-                counted_by_xla=False)
+                xla_flops=0.0, xla_bytes=0.0)
   if meta.get('q_layout', 1) != 1 or meta.get('k_layout', 1) != 1:
     raise ValueError(f'{name}: splash cost model assumes HEAD_DIM_MINOR layouts, got {meta}')
   floats = [(s, b) for s, b in operands   # q, k, v, (logsumexp, dO, di): not the int tables
@@ -104,4 +127,5 @@ def custom_call_cost(name: str, attrs: str, operands: list[tuple[tuple, float]],
     reread = (k_bytes + v_bytes) * (group * tiles / (kv_len // bkv) - 1)
   else:                       # Q and dO tiles re-fetched per computed tile
     reread = 2 * q_bytes * (tiles / (q_len // bq) - 1)
-  return dict(kernel='splash_attention', flops=flops, bytes=once + reread, counted_by_xla=False)
+  return dict(kernel='splash_attention', flops=flops, bytes=once + reread, xla_flops=0.0,
+              xla_bytes=0.0)

@@ -138,10 +138,24 @@ def test_kernels_with_a_cost_estimate_are_left_to_xla():
            '{"body":"x", "cost_estimate": {"flops": 1000, "transcendentals": 0, '
            '"bytes_accessed": 64}}}')
   c = kernel_cost.custom_call_cost('pallas_call.3', attrs, [((8, 8), 128.0)], 128.0)
-  assert c == dict(kernel='megablox', flops=1000.0, bytes=64.0, counted_by_xla=True)
+  assert c == dict(kernel='megablox', flops=1000.0, bytes=64.0, xla_flops=1000.0, xla_bytes=64.0)
   unknown = kernel_cost.custom_call_cost('my_kernel', 'metadata={op_name="x"}',
                                          [((8, 8), 128.0)], 128.0)
   assert unknown['kernel'] == 'uncounted' and unknown['bytes'] == 256.0
+  assert unknown['xla_flops'] == unknown['xla_bytes'] == 0
+
+
+def test_megablox_flops_count_every_visited_row_tile():
+  """Operands as in a compiled gmm: num_active_tiles, group_offsets [G+1], group_ids and
+  m_tile_ids [tiles_m + G - 1], group_offset [1], lhs, rhs. 8 groups over 8 row tiles: up to
+  15 tile visits, each a full tile matmul."""
+  attrs = ('metadata={op_name="jit(f)/jit(gmm)/pallas_call"}, backend_config={"custom_call_'
+           'config":{"cost_estimate":{"flops":"268435456","bytes_accessed":"5505024"}}}')
+  ops = [((), 4.0), ((9,), 36.0), ((15,), 60.0), ((15,), 60.0), ((1,), 4.0),
+         ((1024, 512), 2**20), ((8, 512, 256), 2**21)]
+  c = kernel_cost.custom_call_cost('gmm', attrs, ops, 2**19)
+  assert c['xla_flops'] == 2 * 1024 * 512 * 256 and c['xla_bytes'] == 5505024
+  assert c['flops'] == c['xla_flops'] * 15 / 8 and c['bytes'] == c['xla_bytes']
 
 
 @pytest.mark.slow

@@ -208,10 +208,13 @@ def test_jit_bfloat16_and_metadata():
 
 # --- grouped_matmul: megablox (Pallas interpreter on CPU) == ragged_dot ----------------------------
 
-@pytest.mark.parametrize('M,Kd,N', [(256, 128, 128), (200, 128, 128), (256, 96, 192)])
+@pytest.mark.parametrize('M,Kd,N', [(256, 128, 128), (200, 128, 128), (256, 96, 192),
+                                    (1100, 128, 384)])
 def test_grouped_matmul_megablox_matches_ragged_dot(M, Kd, N):
-  # M=200: rows padded to the 128-row tile, 7 tail rows; K=96/N=192: whole-dimension tiles
-  sizes = np.array([70, 0, 93, 30], np.int32) if M == 256 else np.array([50, 0, 93, 50], np.int32)
+  # M=200: rows padded to the 128-row tile, 7 tail rows; K=96/N=192: whole-dimension tiles;
+  # M=1100: 512-row tiles (padded to 1536), groups straddling tiles, a 100-row tail
+  sizes = {256: [70, 0, 93, 30], 200: [50, 0, 93, 50], 1100: [300, 0, 500, 200]}[M]
+  sizes = np.array(sizes, np.int32)
   sizes = jnp.asarray(sizes)          # uneven, one empty group; M=256 leaves a 63-row tail
   kx, kw, kc = jax.random.split(jax.random.key(0), 3)
   x = jax.random.normal(kx, (M, Kd), jnp.float32)
