@@ -352,8 +352,9 @@ def _roofline(xla_flops, xla_bytes, loops, cost, analytic, per_device, n_dev, to
               'bytes accessed, scaled by bytes_loop_scale, the loop trip-count factor measured on '
               'the compiled HLO (XLA counts each loop body once), plus those kernels\' operands '
               'and outputs (with their re-read tiles). seconds_by_category: compute (FLOPs / '
-              'peak) and memory (this module\'s own HLO byte count by category / bandwidth, '
-              'which differs from XLA\'s total by a few %); collectives are counted as HBM '
+              'peak; sums to compute_seconds) and memory (this module\'s own HLO byte count '
+              'by category / bandwidth: where the traffic is; its total differs from XLA\'s, '
+              'which memory_seconds uses, by up to ~40%); collectives are counted as HBM '
               'traffic only, their ICI time is not modelled.',
   }
 
