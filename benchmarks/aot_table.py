@@ -12,7 +12,9 @@ training step fits in HBM (`main.py --mode=compile`, gated_attention/aot.py). Ne
 
 Compiles that do not fit fail fast (seconds: the TPU compiler checks HBM early); a compile that
 fits takes minutes on 2 CPU cores. Each compile runs in its own process (bounded by --timeout);
-results are cached in benchmarks/aot_table.json, so an interrupted run resumes.
+results are cached in benchmarks/aot_table.json, so an interrupted run resumes. The cache is
+keyed by the code compiled (the git trees of gated_attention/ and configs/): entries of other
+code are dropped when the script starts.
 """
 
 import argparse
@@ -65,11 +67,25 @@ def compile_one(variant, scale, topology, ga, extra, timeout):
   return r
 
 
+def _git(*a) -> str:
+  return subprocess.run(['git', *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+
+def _dirty() -> bool:
+  return bool(_git('status', '--porcelain', '--untracked-files=no', '--', 'gated_attention',
+                   'configs'))
+
+
 def code_version() -> str:
   """Commit of the code compiled, '+dirty' when gated_attention/ or configs/ had changes."""
-  git = lambda *a: subprocess.run(['git', *a], capture_output=True, text=True, cwd=ROOT).stdout  # noqa: E731
-  dirty = git('status', '--porcelain', '--untracked-files=no', '--', 'gated_attention', 'configs').strip()
-  return git('rev-parse', '--short', 'HEAD').strip() + ('+dirty' if dirty else '')
+  return _git('rev-parse', '--short', 'HEAD') + ('+dirty' if _dirty() else '')
+
+
+def code_tree() -> str:
+  """What the cache is keyed by: the git trees of gated_attention/ and configs/ (a commit
+  that changes neither, e.g. of docs, keeps the cache), '+dirty' with uncommitted changes."""
+  trees = [_git('rev-parse', '--short', f'HEAD:{d}') for d in ('gated_attention', 'configs')]
+  return '.'.join(trees) + ('+dirty' if _dirty() else '')
 
 
 def estimate_state_bytes(scale, n_chips):
@@ -98,7 +114,8 @@ def search(variant, scale, slices, cache, args, log):
       k = key(variant, scale, f'v5p:{shape}', ga, args.extra)
       if k not in cache:
         log(f'compiling {k} ...')
-        cache[k] = compile_one(variant, scale, f'v5p:{shape}', ga, args.extra, args.timeout)
+        cache[k] = dict(compile_one(variant, scale, f'v5p:{shape}', ga, args.extra,
+                                    args.timeout), code_tree=args.code_tree)
         with open(CACHE, 'w') as f:
           json.dump(cache, f, indent=1)
       r = cache[k]
@@ -127,6 +144,30 @@ def fmt_row(variant, scale, r, last):
           f'{m["total_bytes"] / 2**30:.1f} GiB ({m["hbm_fraction"]:.0%}) | '
           f'{rf["mfu"]:.1%} ({rf["bound"]}){mfu2} | {rf["step_seconds"]:.2f} s | '
           f'{fl["xla_over_analytic"]:.2f} | {r["compile_seconds"]["compile"]:.0f} s |')
+
+
+TIME_COLUMNS = (('compute: XLA ops', 'XLA ops'),
+                ('compute: splash_attention kernel', 'splash'),
+                ('compute: megablox kernel', 'megablox'),
+                ('memory: matmuls (XLA fusions)', 'matmul fusions'),
+                ('memory: splash_attention kernel', 'splash'),
+                ('memory: megablox kernel', 'megablox'),
+                ('memory: elementwise / reductions / other', 'elementwise, other'),
+                ('memory: copies / transposes', 'copies'),
+                ('memory: collectives', 'collectives (HBM side)'))
+
+
+def fmt_time_row(variant, scale, r):
+  """Seconds per step by category: compute (FLOPs / peak) and HBM traffic (bytes / bandwidth)."""
+  if r is None:
+    return f'| {scale} | {variant} |' + ' |' * (len(TIME_COLUMNS) + 3)
+  rf = r['roofline']
+  t = rf.get('seconds_by_category', {})
+  cells = ' | '.join(f'{t[k]:.2f}' if k in t else '-' for k, _ in TIME_COLUMNS)
+  own = sum(v for k, v in t.items() if k.startswith('memory'))
+  coll = r['collectives']['result_bytes_per_device_per_step'] / 1e9
+  return (f'| {scale} | {variant} | {r["topology"]} | {rf["compute_seconds"]:.2f} | '
+          f'{rf["memory_seconds"]:.2f} | {own:.2f} | {cells} | {coll:.0f} GB |')
 
 
 DOC_HEAD = """# Ahead-of-time compilation for TPU pods
@@ -158,17 +199,40 @@ How to read the numbers:
   generated code. The compiler's own HBM limit for v5p is 95.74 GiB.
 - **FLOPs**: XLA's `cost_analysis()` counts a while loop's body once; the layers are a scan and
   grad accumulation is a scan, so the report scales it by the trip counts measured on the step's
-  jaxpr (`flops.loop_scale`). `xla_over_analytic` compares with `model.train_flops_per_token`
-  (6 x active parameters + causal attention, the function training logs TFLOP/s with): about
-  1.33 from full remat (one more forward), more from the attention matmuls over the full (not
-  causal-halved) T x T, and, for the MoE with grad_accum > 1, the extra forward that gathers the
-  global load-balancing statistics.
+  jaxpr (`flops.loop_scale`).
+- **Pallas kernels** (`gated_attention/kernel_cost.py`): XLA's cost analysis counts nothing for a
+  Pallas kernel without a cost estimate, neither FLOPs nor bytes. Splash attention gives none,
+  so the report adds its FLOPs, 2 x block_q x block_kv x head_dim per matmul per tile that the
+  causal mask leaves to compute (diagonal tiles whole; 36 of 64 tiles at T=4096 with 512-token
+  tiles), per query head: forward 2 matmuls, fused backward 5 (dq, dk, dv in one kernel; 3 + 4
+  in the unfused pair); and its bytes, every operand and output once plus the K/V (forward) or
+  Q/dO (backward) tiles it re-reads per computed tile. Megablox (the MoE's grouped matmuls)
+  does give an estimate, which XLA uses: its bytes (the weight tile re-read per row tile, the
+  rows per output tile) stand; its FLOPs (2 m k n) miss the row tiles that straddle a group
+  boundary, which the kernel computes once per group, so the report charges every visited tile
+  (an upper bound, +12% with 512-row tiles and 128 experts). Tests check the counts against the
+  reference attention's matmuls and the kernel's own mask processing, and on a TPU compile.
+- **XLA / analytic FLOPs** compares the counted FLOPs (XLA's + the kernels') with
+  `model.train_flops_per_token` (6 x active parameters + causal attention, the function training
+  logs TFLOP/s with): above 1 from remat (one more forward of every matmul), splash's diagonal
+  tiles and its backward's recomputation (QK^T again), the MoE's repeated row tiles, and, for the
+  MoE with grad_accum > 1, the extra forward that gathers the global load-balancing statistics.
 - **Roofline**: step time = max(FLOPs / peak, bytes accessed / HBM bandwidth) per device; MFU =
-  analytic FLOPs / (step time x peak). It ignores inter-chip communication (FSDP all-gathers the
-  weights for every micro-batch, three times with remat) and MXU efficiency: an upper bound.
-  Bytes accessed are XLA's, scaled by the loop trip counts read from the compiled HLO. In
-  brackets where it differs: the MFU with the traced step's matmul FLOPs in place of XLA's
-  (`roofline.mfu_traced_flops`; see the MoE below).
+  analytic FLOPs / (step time x peak). It ignores inter-chip communication (FSDP gathers the
+  weights for every micro-batch, twice with remat; on these slices XLA compiles the gathers as
+  all-reduces) and MXU efficiency: an upper bound. Bytes accessed are XLA's, scaled by the loop
+  trip counts read from the compiled HLO, plus the kernels' bytes XLA does not count. In
+  brackets where it differs by more than a point: the MFU with the traced step's matmul FLOPs
+  (and the kernels') in place of XLA's (`roofline.mfu_traced_flops`).
+- **Where the time goes** (`roofline.seconds_by_category`): compute seconds of XLA's ops and of
+  each kernel (they sum to the roofline's compute time), and HBM seconds by kind of instruction
+  from this module's own count of the HLO's bytes (`hlo_cost.py`: operands and results of each
+  instruction, fusions as one, loops at their trip counts). XLA's cost analysis gives no split,
+  and its total, which the roofline uses, differs from the own count: 10-18% below it for the
+  dense steps, 12-41% above it for the MoE (the cause is not pinned down). The split shows
+  where the traffic is, not its exact size. Collectives are
+  counted as HBM traffic only; their bytes per chip and step are in the last column (ICI time
+  is not modelled).
 """
 
 
@@ -181,20 +245,30 @@ def write_doc(tables, attempts_by_row, cache, args):
                         for k, v in chip_table.CHIPS.items() if k in chip_table.TPU_CHIPS)
   out = [DOC_HEAD.replace('{chips}', chips_tbl)]
   codes = sorted({cache[k].get('code', '?') for k in cache})
-  for i, (title, rows) in enumerate(tables):
+  for i, (title, rows, time_rows) in enumerate(tables):
     out.append(f'## {title} (sequence {SEQ}, global batch {BATCH})\n')
     if i == 0:
       out.append(
           f'Produced by `python benchmarks/aot_table.py --also={",".join(args.also)}` (code: '
           f'{", ".join(codes)}; libtpu 0.0.42.1; raw reports: `benchmarks/aot_table.json`). '
           'Full FSDP over all chips (data=1, fsdp=-1, rules=fsdp, the config default for these '
-          'scales), full remat, bf16 compute, XLA attention; the smallest slice, then the '
-          'smallest grad accumulation, whose compiled step fits.'
+          'scales), remat=save_attention, bf16 compute, splash attention (512-token tiles, fused '
+          'backward), chunked cross-entropy (512 tokens), megablox for the MoE; the smallest '
+          'slice, then the smallest grad accumulation, whose compiled step fits.'
           + (f' Extra flags: `{" ".join(args.extra)}`.' if args.extra else '') + '\n')
     out.append('| model | variant | slice | mesh | grad_accum (micro-batch) | '
                'memory / chip | roofline MFU | roofline step | XLA / analytic FLOPs | compile |')
     out.append('|---|---|---|---|---|---|---|---|---|---|')
     out += rows
+    out.append('')
+    out.append('Where the step\'s time goes, seconds per chip: compute (FLOPs / peak), HBM '
+               '(bytes / bandwidth: XLA\'s count, which the roofline uses, then this '
+               'module\'s own count split by category), and collective bytes per chip:\n')
+    out.append('| model | variant | slice | compute | HBM (XLA) | HBM (own count) | ' + ' | '.join(
+        ('compute: ' if k.startswith('compute') else 'HBM: ') + name
+        for k, name in TIME_COLUMNS) + ' | collectives |')
+    out.append('|---' * (len(TIME_COLUMNS) + 7) + '|')
+    out += time_rows
     out.append('')
   kept = ''
   if os.path.exists(DOC):  # the hand-written findings (marker .. search log) survive a rerun
@@ -237,9 +311,14 @@ def main():
   args.extra = tuple(args.extra.split())
   args.also = [a for a in args.also.split(',') if a]
   cache = {}
+  args.code_tree = code_tree()
   if os.path.exists(CACHE):
     with open(CACHE) as f:
       cache = json.load(f)
+  stale = [k for k, r in cache.items() if r.get('code_tree') != args.code_tree]
+  if stale:
+    print(f'dropping {len(stale)} cached compiles of other code (now {args.code_tree})')
+    cache = {k: r for k, r in cache.items() if k not in stale}
 
   def log(msg):
     print(time.strftime('%H:%M:%S'), msg, flush=True)
@@ -247,15 +326,16 @@ def main():
   tables, attempts_by_row = [], {}
   for title, slices in [('Smallest v5p slice per model', args.slices)] + [
       (f'On v5p:{a} ({chips(a)} chips)', [a]) for a in args.also]:
-    rows = []
+    rows, time_rows = [], []
     for scale in args.scales.split(','):
       for variant in args.variants.split(','):
         r, attempts = search(variant, scale, slices, cache, args, log)
         rows.append(fmt_row(variant, scale, r, slices[-1]))
+        time_rows.append(fmt_time_row(variant, scale, r))
         attempts_by_row.setdefault((variant, scale), []).extend(
             a for a in attempts if a not in attempts_by_row.get((variant, scale), []))
         log(rows[-1])
-    tables.append((title, rows))
+    tables.append((title, rows, time_rows))
   if not args.no_doc:
     write_doc(tables, attempts_by_row, cache, args)
     log(f'wrote {DOC}')

@@ -73,7 +73,9 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
       )),
       init_std=0.02,
       dtype='float32',          # compute dtype; params are always float32
-      remat='none',             # none | full | dots (save matmul outputs) | dots_no_batch
+      # none | full | save_attention (full, but keep the splash kernel's output and
+      # log-sum-exp) | dots (save matmul outputs) | dots_no_batch
+      remat='none',
       # True: the blocks run in a loop (nnx.scan over the stacked [L, ...] parameters), so a
       # 48-layer model compiles like a 1-layer one. False: the same scan unrolled, one copy of the
       # block per layer: XLA fuses and schedules across layers and keeps no stacked per-layer
@@ -89,6 +91,7 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
                                 # splash, 128 blockwise and chunked)
       attention_block_kv=0,     # splash / blockwise key tile; both divide data.seq_len (splash:
                                 # multiples of 128); capped at data.seq_len
+      attention_fused_bwd=True,  # splash: one backward kernel (dq, dk, dv) instead of two
       gate=gate_config(),
       # G1 sigmoid multiplicative gates computed from X (gate.position='g1', headwise or
       # elementwise, not head-shared): one matmul yields the queries and the gate's logits, as the
@@ -102,15 +105,15 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
   elif scale == 'dense_1p7b_28l':
     m.update(vocab_size=QWEN_VOCAB, num_layers=28, hidden_size=2048, num_heads=16,
              num_kv_heads=8, head_dim=128, ffn_size=6144, tie_embeddings=True,
-             dtype='bfloat16', remat='full')
+             dtype='bfloat16', remat='save_attention')
   elif scale == 'dense_1p7b_48l':
     m.update(vocab_size=QWEN_VOCAB, num_layers=48, hidden_size=1536, num_heads=16,
              num_kv_heads=8, head_dim=128, ffn_size=4608, tie_embeddings=True,
-             dtype='bfloat16', remat='full')
+             dtype='bfloat16', remat='save_attention')
   elif scale == 'moe_15a2b':
     m.update(vocab_size=QWEN_VOCAB, num_layers=24, hidden_size=2048, num_heads=32,
              num_kv_heads=4, head_dim=128, ffn_size=0, tie_embeddings=False,
-             dtype='bfloat16', remat='full')
+             dtype='bfloat16', remat='save_attention')
     m.moe.update(num_experts=128, top_k=8, expert_ffn_size=768)
   elif scale == 'moe_tiny':
     m.update(ffn_size=0, tie_embeddings=False)

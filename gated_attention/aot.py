@@ -293,46 +293,69 @@ def _costs(compiled, hlo, cost, flops, n_dev) -> tuple[float, float, dict]:
   f_scale = cost['flops'] / cost['flops_once'] if cost['flops_once'] else 1.0
   b_scale = loops['bytes'] / loops['bytes_once'] if loops['bytes_once'] else 1.0
   xla_flops, analytic = raw_flops * f_scale, flops['analytic_per_step']
+  kernel_flops = loops['kernel_flops']   # Pallas kernels XLA counts nothing for (kernel_cost.py)
   flops.update({
       'xla_per_device': xla_flops,
       'xla_per_step': xla_flops * n_dev,
-      'xla_over_analytic': round(xla_flops * n_dev / analytic, 3),
+      'kernels_uncounted_by_xla_per_device': kernel_flops,
+      'counted_per_device': xla_flops + kernel_flops,
+      'xla_over_analytic': round((xla_flops + kernel_flops) * n_dev / analytic, 3),
+      'by_kernel_per_device': {k.split(':', 1)[1]: v for k, v in loops.items()
+                               if k.startswith('flops:')},
       'xla_cost_analysis_raw_per_device': raw_flops,
       'loop_scale': round(f_scale, 3),
       'note': ('XLA cost analysis counts each while-loop body once; xla_per_device scales it by '
                'the loop trip counts of the step (loop_scale, from the jaxpr). '
                'program_matmul_per_step: the matmul FLOPs of the traced step, all devices. '
-               'xla/analytic > 1 from remat (recomputed forward), full (not causal-halved) '
-               'attention matmuls and, for MoE with grad_accum > 1, the forward that gathers the '
-               'global load-balancing statistics; xla/program > 1 means devices repeat work '
-               '(replicated computation).'),
+               'counted_per_device = xla_per_device + the Pallas kernels XLA cannot see (splash '
+               'attention: analytic FLOPs of its computed causal tiles, kernel_cost.py; megablox '
+               'is in XLA\'s count through its cost estimate). xla_over_analytic (counted / '
+               'analytic) > 1 from remat (recomputed forward), attention kernels\' diagonal '
+               'tiles and backward recomputation, and, for MoE with grad_accum > 1, the forward '
+               'that gathers the global load-balancing statistics.'),
   })
-  return xla_flops, raw_bytes * b_scale, dict(
+  return xla_flops + kernel_flops, raw_bytes * b_scale + loops['kernel_bytes'], dict(
       loops, bytes_loop_scale=round(b_scale, 3), raw_bytes=raw_bytes)
 
 
 def _roofline(xla_flops, xla_bytes, loops, cost, analytic, per_device, n_dev, tokens) -> dict:
   """max(FLOPs / peak, bytes / bandwidth) per device, and the MFU it implies."""
-  peak = per_device['peak_bf16_flops']
-  t_compute, t_memory = xla_flops / peak, xla_bytes / per_device['hbm_bandwidth']
+  peak, bw = per_device['peak_bf16_flops'], per_device['hbm_bandwidth']
+  t_compute, t_memory = xla_flops / peak, xla_bytes / bw
   step = max(t_compute, t_memory)
-  traced = max(cost['flops'] / n_dev / peak, t_memory)
+  kernels = sum(v for k, v in loops.items() if k.startswith('flops:'))  # not in the jaxpr's dots
+  traced = max((cost['flops'] / n_dev + kernels) / peak, t_memory)
+  split = {'compute: XLA ops': (xla_flops - kernels) / peak}
+  split.update({f'compute: {k.split(":", 1)[1]}': v / peak for k, v in loops.items()
+                if k.startswith('flops:')})
+  split.update({f'memory: {k.split(":", 1)[1]}': v / bw for k, v in loops.items()
+                if k.startswith('bytes:')})
   return {
       'step_seconds': step, 'compute_seconds': t_compute, 'memory_seconds': t_memory,
       'bound': 'compute' if t_compute >= t_memory else 'memory',
       'mfu': round(analytic / n_dev / (step * peak), 4) if step else None,
       'tokens_per_second': tokens / step if step else None,
-      # The same with the traced step's matmul FLOPs (spread evenly) instead of XLA's: differs
-      # where XLA's count is not the real work, e.g. MoE grouped matmuls (Mosaic kernels, costed
-      # by their own tile-padded estimates).
+      # The same with the traced step's matmul FLOPs (spread evenly) plus the Pallas kernels'
+      # (from the HLO) instead of XLA's count: differs where XLA's count is not the real work.
       'mfu_traced_flops': round(analytic / n_dev / (traced * peak), 4) if cost['flops'] else None,
       'xla_bytes_accessed_per_device': xla_bytes,
       'xla_bytes_accessed_raw_per_device': loops['raw_bytes'],
       'bytes_loop_scale': loops['bytes_loop_scale'],
+      'kernel_bytes_uncounted_by_xla_per_device': loops['kernel_bytes'],
+      'seconds_by_category': {k: round(v, 4) for k, v in split.items()},
+      'collective_seconds_at_hbm_bandwidth': round(loops['collective_bytes'] / bw, 4),
+      'top_bytes': [{'seconds': round(b / bw, 4), 'category': c, 'op': w, 'shapes': sh}
+                    for b, c, w, sh in loops['top']],
       'note': 'max(FLOPs/peak, bytes/HBM bandwidth) per device; ignores ICI communication and '
-              'MXU efficiency, so the MFU is an upper bound. Bytes: XLA\'s bytes accessed, '
-              'scaled by bytes_loop_scale, the loop trip-count factor measured on the compiled '
-              'HLO (XLA counts each loop body once).',
+              'MXU efficiency, so the MFU is an upper bound. FLOPs: XLA\'s plus the Pallas '
+              'kernels XLA counts nothing for (splash attention; kernel_cost.py). Bytes: XLA\'s '
+              'bytes accessed, scaled by bytes_loop_scale, the loop trip-count factor measured on '
+              'the compiled HLO (XLA counts each loop body once), plus those kernels\' operands '
+              'and outputs (with their re-read tiles). seconds_by_category: compute (FLOPs / '
+              'peak; sums to compute_seconds) and memory (this module\'s own HLO byte count '
+              'by category / bandwidth: where the traffic is; its total differs from XLA\'s, '
+              'which memory_seconds uses, by up to ~40%); collectives are counted as HBM '
+              'traffic only, their ICI time is not modelled.',
   }
 
 

@@ -91,6 +91,7 @@ class Attention(Inspectable, nnx.Module):
     self.fused_gate = cfg.fused_gate_projection and cfg.gate.fuses_with_query
     self.impl, self.platform = cfg.attention_impl, cfg.platform
     self.blocks = (cfg.attention_block_q, cfg.attention_block_kv)
+    self.fused_bwd = cfg.attention_fused_bwd
     self.attn_map_len = ATTN_MAP_LEN
     self.inspect = False
 
@@ -121,7 +122,7 @@ class Attention(Inspectable, nnx.Module):
     else:
       y_BxTxHxd = attention_kernels.attend(q, k, v, self.impl, segment_ids_BxT,
                                            block_q=self.blocks[0], block_kv=self.blocks[1],
-                                           platform=self.platform)
+                                           platform=self.platform, fused_bwd=self.fused_bwd)
     y_BxTxHxd = gate('sdpa', y_BxTxHxd, x_BxTxD, gate_logits)
     if self.inspect:
       self.sow(nnx.Intermediate, 'sdpa_post_gate', sparsity(y_BxTxHxd))

@@ -14,7 +14,12 @@ in attention.py, never in here.
              bfloat16 / float16, head_dim a multiple of 8 up to 128).
   splash     Pallas splash attention (TPU): block-sparse causal kernel over block_q x block_kv
              tiles (multiples of 128 dividing T; default 512). On other platforms it runs in the
-             Pallas interpreter (correct and slow: for tests).
+             Pallas interpreter (correct and slow: for tests). `fused_bwd`
+             (config.model.attention_fused_bwd): one backward kernel computes dq, dk and dv
+             (5 matmuls per tile) instead of a dq kernel (3) and a dkv kernel (4), at the price
+             of per-key-tile partial dq in bf16 summed afterwards. Its output and log-sum-exp
+             carry the checkpoint name SPLASH_RESIDUALS, which remat='save_attention' saves
+             (model.py), so the backward pass does not rerun the forward kernel.
   blockwise  pure JAX: a loop over query blocks, each an online softmax over the key blocks at or
              before it (flash attention's recurrence, Dao et al. 2022), with a custom backward that
              recomputes each tile's probabilities from the saved log-sum-exp. At most one
@@ -69,6 +74,7 @@ DEFAULT_BLOCKS = {'splash': 512, 'blockwise': 128, 'chunked': 128}  # config blo
 CHUNKED_MAX_T_CPU = 4096   # 'auto' on CPU: chunked up to this length, blockwise beyond (above)
 _NEG = -1e30        # a masked score: finite, so fully masked tiles never give inf - inf
 _LANES = 128        # splash tiles are multiples of the TPU lane width
+SPLASH_RESIDUALS = 'splash_residuals'  # checkpoint name of splash's output and log-sum-exp
 
 
 def document_ids(tokens_BxT: jax.Array, bos_id: int) -> jax.Array:
@@ -146,9 +152,10 @@ def check(impl: str, T: int, block_q: int, block_kv: int):
 
 def attend(q_BxTxHxd: jax.Array, k_BxTxKxd: jax.Array, v_BxTxKxd: jax.Array, impl: str = 'auto',
            segment_ids_BxT: jax.Array | None = None, *, block_q: int = 0, block_kv: int = 0,
-           platform: str | None = None) -> jax.Array:
+           platform: str | None = None, fused_bwd: bool = True) -> jax.Array:
   """Causal attention [B, T, H, d] by `impl` (see the module doc), within documents when
-  `segment_ids_BxT` is given. `platform` (default: JAX's backend) decides 'auto'."""
+  `segment_ids_BxT` is given. `platform` (default: JAX's backend) decides 'auto'; `fused_bwd`:
+  splash's fused backward kernel."""
   T, d = q_BxTxHxd.shape[1], q_BxTxHxd.shape[3]
   platform = platform or jax.default_backend()
   impl = choose(impl, platform, q_BxTxHxd.dtype, T, d, block_q, block_kv,
@@ -156,7 +163,7 @@ def attend(q_BxTxHxd: jax.Array, k_BxTxKxd: jax.Array, v_BxTxKxd: jax.Array, imp
   check(impl, T, block_q, block_kv)
   args = (q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, segment_ids_BxT)
   if impl == 'splash':
-    return splash_attention(*args, block_q=block_q, block_kv=block_kv,
+    return splash_attention(*args, block_q=block_q, block_kv=block_kv, fused_bwd=fused_bwd,
                             interpret=platform != 'tpu')
   if impl == 'blockwise':
     return blockwise_attention(*args, block_q=block_q, block_kv=block_kv)
@@ -174,20 +181,22 @@ def attend(q_BxTxHxd: jax.Array, k_BxTxKxd: jax.Array, v_BxTxKxd: jax.Array, imp
 # --------------------------------------------------------------------------------------------
 
 def splash_attention(q_BxTxHxd, k_BxTxKxd, v_BxTxKxd, segment_ids_BxT=None, *, block_q: int = 0,
-                     block_kv: int = 0, interpret: bool = False) -> jax.Array:
+                     block_kv: int = 0, fused_bwd: bool = True,
+                     interpret: bool = False) -> jax.Array:
   """Splash attention, causal (its block-sparse mask skips tiles above the diagonal), per
   sequence (vmap), each data-parallel shard on its own (shard_map over the batch axes)."""
   from jax.experimental.pallas.ops.tpu import splash_attention as sa  # pylint: disable=g-import-not-at-top
   _, T, H, d = q_BxTxHxd.shape
   bq, bkv = blocks('splash', T, block_q, block_kv)
+  dq_blocks = {} if fused_bwd else dict(block_q_dq=bq, block_kv_dq=bkv)
   sizes = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq,
-                        block_kv_dkv=bkv, block_kv_dkv_compute=bkv, block_q_dq=bq,
-                        block_kv_dq=bkv)
+                        block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
+                        use_fused_bwd_kernel=fused_bwd, **dq_blocks)
   mask = sa.MultiHeadMask([sa.CausalMask((T, T)) for _ in range(H)])
 
   def per_shard(q, k, v, seg):
     kernel = sa.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                interpret=interpret)
+                                residual_checkpoint_name=SPLASH_RESIDUALS, interpret=interpret)
     q_HxTxd = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [B, T, N, d] -> [B, N, T, d]
     q, k, v = q_HxTxd(q * jnp.asarray(1 / math.sqrt(d), q.dtype)), q_HxTxd(k), q_HxTxd(v)
     if seg is None:

@@ -22,7 +22,7 @@ from gated_attention.gating import GateSpec
 from gated_attention.moe import MoESpec
 from gated_attention.rope import RopeScaling
 
-REMAT = ('none', 'full', 'dots', 'dots_no_batch')
+REMAT = ('none', 'full', 'save_attention', 'dots', 'dots_no_batch')
 ATTENTION_IMPLS = attention_kernels.IMPLS  # auto | xla | cudnn | splash | blockwise | chunked
 ROPE_SCALINGS = ('none', 'yarn')
 __all__ = ['ModelConfig', 'RopeScaling', 'dense_ffn_size']
@@ -51,6 +51,7 @@ class ModelConfig:
   attention_impl: str = 'auto'
   attention_block_q: int = 0    # splash / blockwise tiles (0: the kernel's default; capped at T)
   attention_block_kv: int = 0
+  attention_fused_bwd: bool = True  # splash: one backward kernel for dq, dk, dv
   platform: str = ''            # where the model runs (from_config; '': JAX's default backend)
   gate: GateSpec = GateSpec()
   fused_gate_projection: bool = True  # queries and gate logits from one matmul where the gate fuses
@@ -81,7 +82,7 @@ class ModelConfig:
     if self.rope_scaling.type not in ROPE_SCALINGS:
       bad('rope_scaling.type', f'{self.rope_scaling.type!r} is not one of '
           f'{", ".join(ROPE_SCALINGS)}.')
-    for field in ('fused_gate_projection', 'scan_layers'):
+    for field in ('attention_fused_bwd', 'fused_gate_projection', 'scan_layers'):
       if not isinstance(getattr(self, field), bool):
         bad(field, f'must be True or False, got {getattr(self, field)!r}.')
     try:

@@ -1,7 +1,9 @@
 """Costs read off a traced step's jaxpr and its compiled HLO text (for the AOT report, aot.py).
 
   jaxpr_cost(jaxpr)          matmul FLOPs, with scan bodies at their trip counts and once
-  hlo_loop_cost(hlo_text)    bytes accessed and collective bytes, while loops at trip counts
+  hlo_loop_cost(hlo_text)    bytes accessed and collective bytes, while loops at trip counts;
+                             the Pallas kernels XLA cannot cost (kernel_cost.py); bytes and
+                             matmul FLOPs by category, and the instructions moving most bytes
   count_collectives(hlo)     collective ops by kind
   hlo_arrays(hlo)            the largest arrays a device's program holds, with their JAX op
 
@@ -12,6 +14,8 @@ once-counted costs measured here.
 
 import math
 import re
+
+from gated_attention import kernel_cost
 
 COLLECTIVES = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute')
 _DTYPE_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's4': .5, 'u4': .5, 'bf16': 2, 'f16': 2, 's16': 2,
@@ -93,10 +97,29 @@ def hlo_bytes(shape: str) -> float:
              for dt, dims in _ARRAY.findall(shape))
 
 
+def _logical_lines(hlo_text: str):
+  """The lines of HLO text with each instruction on one line: Pallas kernels' frontend
+  attributes hold JSON with newlines, which would otherwise end the computation early (the
+  continuation line starts with '}')."""
+  pending = None
+  for line in hlo_text.splitlines():
+    if pending is not None:
+      pending += ' ' + line
+      if pending.count('{') <= pending.count('}'):
+        yield pending
+        pending = None
+    elif line.startswith(' ') and ' = ' in line and line.count('{') > line.count('}'):
+      pending = line
+    else:
+      yield line
+  if pending is not None:
+    yield pending
+
+
 def _computations(hlo_text: str) -> tuple[dict, str | None]:
   """{computation name: its instruction lines}, and the entry computation's name."""
   comps, cur, entry = {}, None, None
-  for line in hlo_text.splitlines():
+  for line in _logical_lines(hlo_text):
     if not line.startswith(' ') and line.rstrip().endswith('{') and '(' in line:
       name = (line.split()[1] if line.startswith('ENTRY') else line.split()[0]).lstrip('%')
       cur = comps.setdefault(name, [])
@@ -108,16 +131,22 @@ def _computations(hlo_text: str) -> tuple[dict, str | None]:
   return comps, entry
 
 
+def hlo_dims(shape: str) -> list[tuple[int, ...]]:
+  """The dimensions of each array in an HLO shape (a tuple shape gives several)."""
+  return [tuple(int(d) for d in dims.split(',') if d) for _, dims in _ARRAY.findall(shape)]
+
+
 def _parse(lines):
   """(instructions [(name, op, operands, attrs)], result bytes by name, parameters by index,
-  root name) of one computation."""
-  insts, sizes, params, root = [], {}, {}, None
+  root name, result dims by name) of one computation."""
+  insts, sizes, params, root, dims = [], {}, {}, None, {}
   for line in lines:
     m = INSTRUCTION.match(line)
     if not m:
       continue
     name, shape, op, rest = m.groups()
     sizes[name] = hlo_bytes(shape)
+    dims[name] = hlo_dims(shape)
     depth, i = 1, 0
     while i < len(rest) and depth:
       depth += {'(': 1, ')': -1}.get(rest[i], 0)
@@ -127,10 +156,13 @@ def _parse(lines):
     if line.lstrip().startswith('ROOT'):
       root = name
     insts.append((name, op, re.findall(r'%([\w.-]+)', rest[:i - 1]), rest[i:]))
-  return insts, sizes, params, root
+  return insts, sizes, params, root, dims
 
 
-_KEYS = ('bytes', 'bytes_once', 'collective_bytes', 'collective_bytes_once')
+
+_KEYS = ('bytes', 'bytes_once', 'collective_bytes', 'collective_bytes_once',
+         'kernel_flops', 'kernel_flops_once', 'kernel_bytes', 'kernel_bytes_once')
+TOP = 12  # instructions moving most bytes, kept for the report
 
 
 class _HloCost:
@@ -146,7 +178,7 @@ class _HloCost:
   def fusion_bytes(self, fused, operands, sizes):
     """Like XLA: a parameter read only through dynamic-slices costs the slices, the buffer a
     dynamic-update-slice writes in place costs nothing, and its result costs the update."""
-    insts, fsizes, params, root = self.parsed[fused]
+    insts, fsizes, params, root, _ = self.parsed[fused]
     by_name = {n: (op, ops) for n, op, ops, _ in insts}
     users = {}
     for n, op, ops, _ in insts:
@@ -179,6 +211,29 @@ class _HloCost:
       return 2 * sizes.get(operands[1], 0)
     return sizes.get(name, 0) + sum(sizes.get(o, 0) for o in operands)
 
+  def has_matmul(self, op, attrs) -> bool:
+    """Whether an instruction is a dot / convolution or a fusion holding one."""
+    if op in ('dot', 'convolution'):
+      return True
+    fused = re.search(r'calls=%([\w.-]+)', attrs) if op == 'fusion' else None
+    return bool(fused and fused.group(1) in self.parsed and any(
+        o in ('dot', 'convolution') for _, o, _, _ in self.parsed[fused.group(1)][0]))
+
+  def custom_call(self, name, operands, attrs, sizes, dims):
+    return kernel_cost.custom_call_cost(
+        name, attrs, [((dims.get(o) or [()])[0], sizes.get(o, 0)) for o in operands],
+        sizes.get(name, 0), dims.get(name, []))
+
+  def category(self, op, attrs) -> str:
+    if any(c in op for c in COLLECTIVES) or re.search(r'calls=%(?:all-)?reduce-scatter', attrs):
+      return 'collectives'
+    if self.has_matmul(op, attrs):
+      return 'matmuls (XLA fusions)'
+    if op.startswith('copy') or op in ('transpose',) or re.search(r'calls=%\w*(copy|transpose)',
+                                                                   attrs):
+      return 'copies / transposes'
+    return 'elementwise / reductions / other'
+
   def subcomputations(self, op, attrs) -> tuple[list, int]:
     """(costs of the computations a while / call / conditional runs, repetitions)."""
     if op == 'while':
@@ -192,30 +247,59 @@ class _HloCost:
 
   def cost(self, cname):
     if cname not in self.memo:
-      insts, sizes, _, _ = self.parsed.get(cname, ([], {}, {}, None))
-      tot = dict.fromkeys(_KEYS, 0.0)
+      insts, sizes, _, _, dims = self.parsed.get(cname, ([], {}, {}, None, {}))
+      tot, top = dict.fromkeys(_KEYS, 0.0), []
+
+      def add(key, value, cat=None):
+        for k in (key, key + '_once'):
+          tot[k] = tot.get(k, 0.0) + value
+        if cat:
+          tot[key.split('_')[-1] + ':' + cat] = tot.get(key.split('_')[-1] + ':' + cat, 0.0) + value
+
       for name, op, operands, attrs in insts:
         if op in ('while', 'call', 'conditional'):
           subs, n = self.subcomputations(op, attrs)
-          for k in _KEYS:
-            tot[k] += sum(c[k] for c in subs) * (1 if k.endswith('_once') else n)
-        elif op not in NO_TRAFFIC:
-          b = self.instruction_bytes(name, op, operands, attrs, sizes)
-          tot['bytes'] += b
-          tot['bytes_once'] += b
-          if any(c in op for c in COLLECTIVES) or re.search(r'calls=%(?:all-)?reduce-scatter',
-                                                            attrs):
-            tot['collective_bytes'] += sizes.get(name, 0)
-            tot['collective_bytes_once'] += sizes.get(name, 0)
+          for k in {k for c in subs for k in c if k != 'top'}:
+            tot[k] = tot.get(k, 0.0) + sum(c.get(k, 0.0) for c in subs) * (
+                1 if k.endswith('_once') else n)
+          top += [(b * n, *rest) for c in subs for b, *rest in c['top']]
+          continue
+        if op in NO_TRAFFIC:
+          continue
+        op_name = re.search(r'op_name="([^"]*)"', attrs)
+        where = (op_name.group(1) if op_name else op)[-90:]
+        if op == 'custom-call' and 'tpu_custom_call' in attrs:
+          kc = self.custom_call(name, operands, attrs, sizes, dims)
+          cat = kc['kernel'] + ' kernel'
+          add('bytes', kc['xla_bytes'], cat)          # what XLA's cost analysis counted
+          add('kernel_bytes', kc['bytes'] - kc['xla_bytes'], cat)   # what the report adds
+          add('kernel_flops', kc['flops'] - kc['xla_flops'])
+          tot['flops:' + cat] = tot.get('flops:' + cat, 0.0) + kc['flops']
+          top.append((kc['bytes'], cat, where,
+                      ';'.join('x'.join(map(str, d)) for d in dims.get(name, []))))
+          continue
+        b = self.instruction_bytes(name, op, operands, attrs, sizes)
+        cat = self.category(op, attrs)
+        add('bytes', b, cat)
+        if cat == 'collectives':
+          add('collective_bytes', sizes.get(name, 0))
+        top.append((b, cat, where, ';'.join('x'.join(map(str, d)) for d in dims.get(name, []))))
+      tot['top'] = sorted(top, key=lambda t: -t[0])[:TOP]
       self.memo[cname] = tot
     return self.memo[cname]
 
 
 def hlo_loop_cost(hlo_text: str) -> dict:
-  """{bytes, bytes_once, collective_bytes, collective_bytes_once} of a compiled HLO module.
-  Only the ratio true/once is used to scale XLA's own bytes accessed, which counts loops once."""
+  """Costs of a compiled HLO module, loops at their trip counts and (`*_once`) once:
+    bytes, collective_bytes        what XLA's cost analysis also sees (the report uses only
+                                   the ratio true/once, to scale XLA's own bytes accessed);
+    kernel_flops, kernel_bytes     Pallas kernels XLA counts nothing for (kernel_cost.py);
+    'bytes:<category>'             bytes by category (matmul fusions, Pallas kernels,
+                                   collectives, copies, other); 'flops:<kernel> kernel' too;
+    top                            [(bytes, category, op_name, shapes)] of the instructions moving
+                                   most bytes, at their trip counts."""
   c = _HloCost(hlo_text)
-  return c.cost(c.entry) if c.entry else dict.fromkeys(_KEYS, 0.0)
+  return dict(c.cost(c.entry)) if c.entry else dict(dict.fromkeys(_KEYS, 0.0), top=[])
 
 
 def count_collectives(hlo_text: str) -> dict:
@@ -234,7 +318,7 @@ def hlo_arrays(hlo_text: str, top: int = 10) -> list[tuple[str, str, int, float]
   only: which of them are live at the same time is the compiler's business."""
   fused = set(re.findall(r'fusion\(.*calls=%([\w.-]+)', hlo_text))
   found, cur = {}, None
-  for line in hlo_text.splitlines():
+  for line in _logical_lines(hlo_text):
     if not line.startswith(' ') and line.rstrip().endswith('{') and '(' in line:
       name = (line.split()[1] if line.startswith('ENTRY') else line.split()[0]).lstrip('%')
       cur = None if name in fused else name

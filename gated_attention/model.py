@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import sharding
+from gated_attention import attention_kernels, sharding
 from gated_attention.attention import Attention
 from gated_attention.attention_kernels import document_ids  # noqa: F401 (re-exported)
 from gated_attention.config import ModelConfig
@@ -34,6 +34,10 @@ from gated_attention.moe import MoE
 
 REMAT_POLICIES = {
     'full': None,  # save nothing: recompute the whole block in the backward pass
+    # save only the attention kernel's output and log-sum-exp (splash: 4 KiB per token and layer
+    # at 16 x 128 heads), so the backward pass reruns the projections but not the forward kernel
+    'save_attention': jax.checkpoint_policies.save_only_these_names(
+        attention_kernels.SPLASH_RESIDUALS),
     'dots': jax.checkpoint_policies.checkpoint_dots,
     'dots_no_batch': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }

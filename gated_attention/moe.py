@@ -164,7 +164,8 @@ class MoE(nnx.Module):
     else:
       y_NxD = grouped_matmul.sorted_swiglu(
           x_NxD, weights_NxK, experts_NxK, self.wi_gate[...].astype(dt),
-          self.wi_up[...].astype(dt), self.wo[...].astype(dt), impl=m.grouped_matmul)
+          self.wi_up[...].astype(dt), self.wo[...].astype(dt), impl=m.grouped_matmul,
+          all_experts=True)
     return y_NxD, jnp.zeros((), jnp.float32)
 
   def _capacity(self, x_NxD, weights_NxK, experts_NxK):

@@ -73,7 +73,8 @@ def dropless(x_NxD, weights_NxK, experts_NxK, wi_gate_ExDxF, wi_up_ExDxF, wo_ExF
     if gather_axes:
       x, w, e = (jax.lax.all_gather(a, gather_axes, axis=0, tiled=True) for a in (x, w, e))
     first = jax.lax.axis_index(expert_axes) * e_local if expert_axes else 0
-    y = grouped_matmul.sorted_swiglu(x, w, e, wg, wu, wo, impl=impl, first_expert=first)
+    y = grouped_matmul.sorted_swiglu(x, w, e, wg, wu, wo, impl=impl, first_expert=first,
+                                     all_experts=not expert_axes)
     if gather_axes:
       y = jax.lax.psum_scatter(y, gather_axes, scatter_dimension=0, tiled=True)
     if replicated_expert_axes or f_axes:

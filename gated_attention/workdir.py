@@ -18,7 +18,8 @@ from gated_attention.errors import CheckpointError
 CONFIG_FILE = 'config.json'
 # Config fields that may change between a run and its resumption (they do not change what the
 # checkpoint holds); any other difference in config.model or these data fields is refused.
-MODEL_FREE = ('remat', 'attention_impl', 'attention_block_q', 'attention_block_kv', 'dtype')
+MODEL_FREE = ('remat', 'attention_impl', 'attention_block_q', 'attention_block_kv',
+              'attention_fused_bwd', 'dtype')
 # Model fields that evaluating a checkpoint may change as well (analysis, sampling, long-context
 # evaluation): the positions' encoding, which no parameter depends on (context extension with a
 # raised RoPE base or YaRN, Qiu et al. 2025, Sec. 4.4).

@@ -165,15 +165,17 @@ def test_chunked_gqa_head_mapping(H, K):
       q, k, v, seg, block_q=3)), seg, H=H, K=K)
 
 
-def test_splash_in_interpret_mode_matches_reference_with_gradients():
+@pytest.mark.parametrize('fused_bwd', [True, False], ids=['fused_bwd', 'dq_dkv_kernels'])
+def test_splash_in_interpret_mode_matches_reference_with_gradients(fused_bwd):
   """Pallas splash attention, run by the Pallas interpreter on CPU: GQA, three documents in
   window 0, 128-token tiles (its minimum) over T=256, so tiles below the diagonal, on it, and
-  skipped above it all occur."""
+  skipped above it all occur; the fused backward kernel and the dq + dkv pair."""
   T = 256
   seg = np.zeros((2, T), np.int32)
   seg[0, 100:], seg[0, 200:], seg[1] = 1, 2, 1
   core = lambda q, k, v: attention_kernels.attend(  # noqa: E731
-      q, k, v, 'splash', jnp.asarray(seg), block_q=128, block_kv=128, platform='cpu')
+      q, k, v, 'splash', jnp.asarray(seg), block_q=128, block_kv=128, platform='cpu',
+      fused_bwd=fused_bwd)
   _check_core(jax.jit(core), seg, T=T, tol=dict(rtol=2e-4, atol=2e-4))
 
 

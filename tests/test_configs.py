@@ -127,12 +127,11 @@ def test_paper_scale_shapes():
 # Remat policies give the same loss and gradients
 # --------------------------------------------------------------------------------------------
 
-def _loss_and_grads(remat):
-  cfg = ref.tiny_model_config('g1_elementwise', remat=remat)
+def _loss_and_grads(remat, T=8, jaxpr=False, **overrides):
+  cfg = ref.tiny_model_config('g1_elementwise', remat=remat, **overrides)
   m = model.Transformer(model_config(cfg), rngs=nnx.Rngs(0))
-  tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, cfg.vocab_size)
+  tokens = jax.random.randint(jax.random.key(1), (2, T + 1), 0, cfg.vocab_size)
 
-  @nnx.jit
   def loss_and_grads(m, tokens):
     def loss_fn(m):
       logits, _ = m(tokens[:, :-1])
@@ -140,7 +139,10 @@ def _loss_and_grads(remat):
       return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
     return nnx.value_and_grad(loss_fn)(m)
 
-  loss, grads = loss_and_grads(m, tokens)
+  if jaxpr:
+    graphdef, state = nnx.split(m)
+    return jax.make_jaxpr(lambda s, t: loss_and_grads(nnx.merge(graphdef, s), t))(state, tokens)
+  loss, grads = nnx.jit(loss_and_grads)(m, tokens)
   return float(loss), nnx.to_pure_dict(grads)
 
 
@@ -149,17 +151,42 @@ def no_remat():
   return _loss_and_grads('none')
 
 
-@pytest.mark.parametrize('remat', ['full', 'dots'])
-def test_remat_policy_gives_same_loss_and_grads(no_remat, remat):
-  loss0, grads0 = no_remat
-  loss, grads = _loss_and_grads(remat)
+def _assert_same(loss_grads0, loss_grads, rtol=1e-5, atol=1e-7):
+  (loss0, grads0), (loss, grads) = loss_grads0, loss_grads
   np.testing.assert_allclose(loss, loss0, rtol=1e-6)
   flat0 = jax.tree_util.tree_leaves_with_path(grads0)
   flat = jax.tree_util.tree_leaves_with_path(grads)
   assert [p for p, _ in flat0] == [p for p, _ in flat]
   for (path, g0), (_, g) in zip(flat0, flat):
     assert np.abs(np.asarray(g0)).max() > 0, path
-    np.testing.assert_allclose(g, g0, rtol=1e-5, atol=1e-7, err_msg=str(path))
+    np.testing.assert_allclose(g, g0, rtol=rtol, atol=atol, err_msg=str(path))
+
+
+@pytest.mark.parametrize('remat', ['full', 'save_attention', 'dots'])
+def test_remat_policy_gives_same_loss_and_grads(no_remat, remat):
+  _assert_same(no_remat, _loss_and_grads(remat))
+
+
+def _splash_forward_calls(closed_jaxpr) -> int:
+  """Splash forward kernels whose results are used (a call inside a jit without outputs, which
+  the remat leaves behind, is dead code the compiler removes)."""
+  from gated_attention.hlo_cost import _subjaxprs  # pylint: disable=g-import-not-at-top
+  def count(jx):
+    return sum(count(sub) for e in jx.eqns if e.outvars for sub in _subjaxprs(e.params)) + sum(
+        e.primitive.name == 'pallas_call' and 'splash_mha_fwd' in str(
+            e.params.get('name', e.params.get('name_and_src_info'))) for e in jx.eqns)
+  return count(closed_jaxpr.jaxpr)
+
+
+def test_save_attention_keeps_splash_output_so_backward_skips_its_forward():
+  """With splash (the Pallas interpreter on CPU, T=128): remat='save_attention' gives the loss
+  and gradients of no remat, and the step runs splash's forward kernel once per layer scan,
+  where 'full' runs it again in the backward pass."""
+  splash = dict(T=128, attention_impl='splash')
+  _assert_same(_loss_and_grads('none', **splash), _loss_and_grads('save_attention', **splash),
+               rtol=1e-4, atol=1e-6)
+  assert _splash_forward_calls(_loss_and_grads('full', jaxpr=True, **splash)) == 2
+  assert _splash_forward_calls(_loss_and_grads('save_attention', jaxpr=True, **splash)) == 1
 
 
 def test_unknown_remat_policy_is_rejected():

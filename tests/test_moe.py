@@ -208,10 +208,15 @@ def test_jit_bfloat16_and_metadata():
 
 # --- grouped_matmul: megablox (Pallas interpreter on CPU) == ragged_dot ----------------------------
 
-@pytest.mark.parametrize('M,Kd,N', [(256, 128, 128), (200, 128, 128), (256, 96, 192)])
-def test_grouped_matmul_megablox_matches_ragged_dot(M, Kd, N):
-  # M=200: rows padded to the 128-row tile, 7 tail rows; K=96/N=192: whole-dimension tiles
-  sizes = np.array([70, 0, 93, 30], np.int32) if M == 256 else np.array([50, 0, 93, 50], np.int32)
+@pytest.mark.parametrize('M,Kd,N,grouped', [(256, 128, 128, False), (200, 128, 128, False),
+                                            (256, 96, 192, False), (1100, 128, 384, False),
+                                            (1100, 128, 384, True)])
+def test_grouped_matmul_megablox_matches_ragged_dot(M, Kd, N, grouped):
+  # M=200: rows padded to the 128-row tile, 7 tail rows; K=96/N=192: whole-dimension tiles;
+  # M=1100: 512-row tiles (padded to 1536), groups straddling tiles, a 100-row tail, or (grouped)
+  # every row in a group and no masking (all_rows_grouped), only the padding
+  sizes = {256: [70, 0, 93, 30], 200: [50, 0, 93, 50], 1100: [300, 0, 500, 200]}[M]
+  sizes = np.array(sizes, np.int32) + np.array([0, 0, 0, 100 if grouped else 0], np.int32)
   sizes = jnp.asarray(sizes)          # uneven, one empty group; M=256 leaves a 63-row tail
   kx, kw, kc = jax.random.split(jax.random.key(0), 3)
   x = jax.random.normal(kx, (M, Kd), jnp.float32)
@@ -219,7 +224,7 @@ def test_grouped_matmul_megablox_matches_ragged_dot(M, Kd, N):
   c = jax.random.normal(kc, (M, N), jnp.float32)
 
   def loss(x, w, impl):
-    y = gmm_lib.grouped_matmul(x, w, sizes, impl)
+    y = gmm_lib.grouped_matmul(x, w, sizes, impl, all_rows_grouped=grouped)
     return jnp.sum(y * c), y
 
   (l_r, y_r), (gx_r, gw_r) = jax.value_and_grad(loss, (0, 1), has_aux=True)(x, w, 'ragged_dot')

@@ -255,7 +255,7 @@ def test_memory_report_moe_15a2b_on_64_devices(moe_15a2b_on_64):
   assert d['grads']['bytes'] == d['params']['bytes']
   assert d['fsdp_transient']['bytes'] > 0   # under 'fsdp' a layer's 128 experts are gathered
   acts = r['activations']
-  assert acts['configured']['remat'] == 'full'
+  assert acts['configured']['remat'] == 'save_attention'   # as 'full' off TPU (no splash)
   assert acts['none']['peak']['bytes'] > 5 * acts['configured']['peak']['bytes']
   assert acts['configured']['saved_per_layer']['bytes'] == 16 * 4096 * 2048 * 2  # layer input
   parts = ('params', 'opt_state', 'grads', 'fsdp_transient', 'activations')
