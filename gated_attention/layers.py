@@ -32,10 +32,8 @@ def project(x: jax.Array, w: jax.Array, *, preferred_element_type=None) -> jax.A
 
 def project_in(x: jax.Array, w: jax.Array) -> jax.Array:
   """Contracts x's last two axes with w's first two: [..., H, d] x [H, d, D] -> [..., D]
-  (the attention output projection), as one 2D matmul like `project`."""
-  lead = x.shape[:-2]
-  y = jnp.matmul(x.reshape(-1, x.shape[-2] * x.shape[-1]), w.reshape(-1, w.shape[-1]))
-  return y.reshape(*lead, w.shape[-1])
+  (the attention output projection): `project` over the flattened (H, d)."""
+  return project(x.reshape(*x.shape[:-2], -1), w.reshape(-1, w.shape[-1]))
 
 
 class RMSNorm(nnx.Module):
