@@ -96,10 +96,12 @@ class Attention(Inspectable, nnx.Module):
     self.inspect = False
 
   def __call__(self, x_BxTxD: jax.Array, positions_BxT: jax.Array, kv=None,
-               segment_ids_BxT=None):
+               segment_ids_BxT=None, rope_tables=None):
     """Returns (output [B, T, D], kv): the cache with this call's keys and values written at
     `positions_BxT` (consecutive per sequence), or None without a cache (training).
-    `segment_ids_BxT`: document ids for document masking (not with a cache), or None."""
+    `segment_ids_BxT`: document ids for document masking (not with a cache), or None.
+    `rope_tables`: `self.rope.tables(positions_BxT)`, computed once for all layers (model.py),
+    or None: computed here."""
     dt, gate = self.dtype, self.gate
     q, gate_logits = self._queries(x_BxTxD)
     k = project(x_BxTxD, self.wk[...].astype(dt))
@@ -107,7 +109,8 @@ class Attention(Inspectable, nnx.Module):
     q, k, v = gate('q', q, x_BxTxD), gate('k', k, x_BxTxD), gate('v', v, x_BxTxD)
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
-    q, k = self.rope.apply(q, positions_BxT), self.rope.apply(k, positions_BxT)
+    sin_cos = self.rope.tables(positions_BxT) if rope_tables is None else rope_tables
+    q, k = self.rope.rotate(q, *sin_cos), self.rope.rotate(k, *sin_cos)
     q, k = gate('q_rope', q, x_BxTxD), gate('k_rope', k, x_BxTxD)
     q = sharding.constrain(q, ('batch', 'seq', 'act_heads', 'head_dim'))
 

@@ -31,6 +31,7 @@ from gated_attention.attention_kernels import document_ids  # noqa: F401 (re-exp
 from gated_attention.config import ModelConfig
 from gated_attention.layers import MLP, Embed, Inspectable, RMSNorm, capture_stats, param, project
 from gated_attention.moe import MoE
+from gated_attention.rope import RoPE
 
 REMAT_POLICIES = {
     'full': None,  # save nothing: recompute the whole block in the backward pass
@@ -67,10 +68,12 @@ class Block(Inspectable, nnx.Module):
     self.ffn_post_norm = RMSNorm(D, eps=eps) if cfg.sandwich_norm else None
     self.inspect = False
 
-  def __call__(self, h_BxTxD, positions_BxT, pooled=None, kv=None, segment_ids_BxT=None):
+  def __call__(self, h_BxTxD, positions_BxT, pooled=None, kv=None, segment_ids_BxT=None,
+               rope_tables=None):
     """Returns (h_out, (aux, kv)): the FFN's aux outputs and the attention's KV cache (None
-    without one)."""
-    attn_out, kv = self.attn(self.attn_norm(h_BxTxD), positions_BxT, kv, segment_ids_BxT)
+    without one). `rope_tables`: RoPE's sin / cos at `positions_BxT` (Attention), or None."""
+    attn_out, kv = self.attn(self.attn_norm(h_BxTxD), positions_BxT, kv, segment_ids_BxT,
+                             rope_tables)
     if self.attn_post_norm is not None:
       attn_out = self.attn_post_norm(attn_out)
     h_attn = sharding.constrain(h_BxTxD + attn_out, ('batch', 'seq', 'embed'))
@@ -101,6 +104,7 @@ class Transformer(nnx.Module):
 
     self.blocks = make_blocks(rngs)
     self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+    self.rope = RoPE(cfg.head_dim, cfg.rope_base, cfg.rope_scaling)  # every layer's (attention.py)
     self.lm_head = None if cfg.tie_embeddings else param(
         rngs, (cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'), cfg.init_std)
 
@@ -112,7 +116,8 @@ class Transformer(nnx.Module):
     document ids for document masking (`document_ids`), or None."""
     B, T = tokens_BxT.shape
     positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    h_BxTxD, (aux, _) = self._blocks(tokens_BxT, positions_BxT, pooled, None, segment_ids_BxT)
+    h_BxTxD, (aux, _) = self._blocks(tokens_BxT, positions_BxT, pooled, None, segment_ids_BxT,
+                                     self.rope.constant_tables(T))
     h_BxTxD = self.final_norm(h_BxTxD)
     if return_hidden:
       return h_BxTxD, aux
@@ -127,12 +132,17 @@ class Transformer(nnx.Module):
     h_BxTxD, (_, kv) = self._blocks(tokens_BxT, positions_BxT, None, kv)
     return self.logits(self.final_norm(h_BxTxD), self.head_kernel()), kv
 
-  def _blocks(self, tokens_BxT, positions_BxT, pooled, kv, segment_ids_BxT=None):
-    """Embedding and the scanned blocks: (h [B, T, D], (aux [L, ...], kv [L, ...] or None))."""
+  def _blocks(self, tokens_BxT, positions_BxT, pooled, kv, segment_ids_BxT=None,
+              rope_tables=None):
+    """Embedding and the scanned blocks: (h [B, T, D], (aux [L, ...], kv [L, ...] or None)).
+    RoPE's sin / cos at `positions_BxT` are made once for every layer: `rope_tables` (constants
+    for a window's positions 0 .. T-1: rope.py says why), or computed here."""
     h_BxTxD = sharding.constrain(self.embed(tokens_BxT), ('batch', 'seq', 'embed'))
+    if rope_tables is None:
+      rope_tables = self.rope.tables(positions_BxT)
 
     def body(h, block, pooled_layer, kv_layer):
-      return block(h, positions_BxT, pooled_layer, kv_layer, segment_ids_BxT)
+      return block(h, positions_BxT, pooled_layer, kv_layer, segment_ids_BxT, rope_tables)
 
     if self.cfg.remat != 'none':
       body = nnx.remat(body, policy=REMAT_POLICIES[self.cfg.remat])

@@ -56,8 +56,11 @@ def inverse_frequencies(head_dim: int, base: float, scaling=None) -> tuple[np.nd
 
 @dataclasses.dataclass(frozen=True)
 class RoPE:
-  """`apply(x_BxTxNxd, positions_BxT)` rotates queries or keys. A hashable value (it lives in the
-  model's graphdef); the frequencies are computed in float64 numpy when a function is traced."""
+  """`apply(x_BxTxNxd, positions_BxT)` rotates queries or keys; `rotate(x, *tables(positions))`
+  is the same with the sin / cos tables made once for several calls (`constant_tables` for the
+  positions 0 .. T-1 of a training window). A hashable value (it
+  lives in the model's graphdef); the frequencies are computed in float64 numpy when a function
+  is traced."""
   head_dim: int
   base: float
   scaling: RopeScaling | None = None
@@ -67,11 +70,35 @@ class RoPE:
       object.__setattr__(self, 'scaling', RopeScaling(**self.scaling))
     inverse_frequencies(self.head_dim, self.base, self.scaling)  # validates
 
-  def apply(self, x_BxTxNxd: jax.Array, positions_BxT: jax.Array) -> jax.Array:
+  def tables(self, positions_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(sin, cos) [B, T, 1, head_dim // 2] float32 (YaRN's scale folded in) for `rotate`, at
+    any positions (a KV cache's)."""
     inv_freq, mscale = inverse_frequencies(self.head_dim, self.base, self.scaling)
     angles_BxTxh = positions_BxT[..., None].astype(jnp.float32) * inv_freq.astype(np.float32)
     sin = (jnp.sin(angles_BxTxh) * mscale)[:, :, None, :]
     cos = (jnp.cos(angles_BxTxh) * mscale)[:, :, None, :]
+    return sin, cos
+
+  def constant_tables(self, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """`tables` at positions 0 .. seq_len - 1, as constants [1, T, 1, head_dim // 2]
+    (computed in float64, stored in float32): what every training and evaluation window uses
+    (model.py). As constants they cost a read: computed in the graph, XLA fuses sin and cos into
+    each rotation and evaluates them once per element of [B, T, N, head_dim], not of
+    [T, head_dim / 2] (on CPU that made q and k's rotation 4x as slow, forward and backward;
+    an optimization barrier does not stop it: XLA:CPU removes barriers before fusing)."""
+    inv_freq, mscale = inverse_frequencies(self.head_dim, self.base, self.scaling)
+    angles_Txh = np.arange(seq_len, dtype=np.float64)[:, None] * inv_freq
+    table = lambda f: (f(angles_Txh) * mscale).astype(np.float32)[None, :, None, :]  # noqa: E731
+    return table(np.sin), table(np.cos)
+
+  @staticmethod
+  def rotate(x_BxTxNxd: jax.Array, sin_BxTx1xh: jax.Array, cos_BxTx1xh: jax.Array) -> jax.Array:
+    """Rotates queries or keys by the angles of `tables` (rotate-half layout, in float32)."""
     x1, x2 = jnp.split(x_BxTxNxd.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    s, c = sin_BxTx1xh, cos_BxTx1xh
+    out = jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
     return out.astype(x_BxTxNxd.dtype)
+
+  def apply(self, x_BxTxNxd: jax.Array, positions_BxT: jax.Array) -> jax.Array:
+    """Rotates queries or keys [B, T, N, head_dim] at `positions_BxT`."""
+    return self.rotate(x_BxTxNxd, *self.tables(positions_BxT))

@@ -41,6 +41,25 @@ def test_rope_apply_matches_numpy_rotate_half(scaling):
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize('scaling', [None, {'type': 'yarn', 'factor': 4.0, 'original_max_len': 64}])
+def test_constant_tables_are_the_tables_of_positions_0_to_T(scaling):
+  """The constants a training window rotates with (float64 numpy, stored in float32) are the
+  traced tables at positions 0 .. T-1, and rotating with them is `apply`."""
+  r = rope.RoPE(d, 10_000.0, scaling)
+  T_long = 1000                                     # large angles: float32 sin / cos differ a bit
+  sin, cos = r.constant_tables(T_long)
+  assert sin.shape == cos.shape == (1, T_long, 1, d // 2) and sin.dtype == np.float32
+  traced = r.tables(jnp.arange(T_long)[None])
+  np.testing.assert_allclose(sin, traced[0], atol=2e-4)
+  np.testing.assert_allclose(cos, traced[1], atol=2e-4)
+  inv_freq, mscale = ref.rope_parameters(d, 10_000.0, scaling)
+  angles = np.arange(T_long)[:, None] * inv_freq
+  np.testing.assert_allclose(sin[0, :, 0], np.sin(angles) * mscale, atol=1e-6)
+  x = _randn(3, (B, T, N, d))
+  np.testing.assert_allclose(r.rotate(x, *r.constant_tables(T)),
+                             r.apply(x, jnp.broadcast_to(jnp.arange(T), (B, T))), atol=1e-5)
+
+
 def test_rope_position_zero_is_identity_and_layout_is_rotate_half():
   r = rope.RoPE(d, 10_000.0)
   x = _randn(2, (1, 2, 1, d))
