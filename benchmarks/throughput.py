@@ -13,18 +13,24 @@ machine, not the vendor's), and the gate's overhead: the variant's step time ove
 baseline's. The G1 gates use the fused query-and-gate projection (model.fused_gate_projection,
 gating.py); `--separate_gate` times the separate projection instead.
 
-With `--pytorch`, benchmarks/reference_pytorch.py (stock transformers Qwen3 on torch, the gate
-added as the authors do) then runs in a subprocess on the same shape, steps and rounds, and the
-ratio JAX / PyTorch tokens/s is printed per variant: one command for the comparison.
+With `--pytorch`, the same variants in stock transformers Qwen3 on torch (the gate added as the
+authors do: benchmarks/reference_pytorch.py) join the round-robin in this process, so each round
+times JAX and PyTorch back to back, and the ratio JAX / PyTorch tokens/s is printed per variant.
+Interleaving matters here: on a shared 2-core machine the speed drifts by 20-40% over minutes
+(the same JAX step measured 1.3 s and 2.0 s within a quarter of an hour), so a PyTorch run
+started after the JAX one measures a different machine. Neither library computes while the
+other does; their thread pools only idle (torch's OpenMP threads spin for a moment first).
+`--compare_cpu_options` adds each variant compiled with XLA's default options rather than the
+project's (train.CPU_COMPILER_OPTIONS), to the same round-robin.
 
   python benchmarks/throughput.py [--shape=a|b] [--steps=10] [--rounds=5]
                                   [--variants=baseline,g1_headwise,g1_elementwise] [--pytorch]
+                                  [--compare_cpu_options]
 """
 
 import importlib
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -51,10 +57,10 @@ def shape_config(variant: str, shape: str, fused_gate: bool = True):
 class StepTimer:
   """One config's compiled training step on the default devices, with a random batch."""
 
-  def __init__(self, config, seed: int = 0):
+  def __init__(self, config, seed: int = 0, cpu_compiler_options=None):
     self.config = config
     self.mesh = sharding.build_mesh(config.mesh)
-    self.setup = train.Setup(config, self.mesh)
+    self.setup = train.Setup(config, self.mesh, cpu_compiler_options)
     B, T = config.train.batch_size, config.data.seq_len
     toks = np.random.default_rng(seed).integers(0, config.model.vocab_size, (B, T + 1))
     batch = {'inputs': toks[:, :-1].astype(np.int32), 'targets': toks[:, 1:].astype(np.int32),
@@ -118,28 +124,37 @@ def rows(summaries: dict, peak_flops: float) -> list[dict]:
           for name, s in summaries.items()]
 
 
-def run_pytorch(args) -> dict:
-  """benchmarks/reference_pytorch.py in a subprocess: {variant: tokens/s}."""
-  script = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'reference_pytorch.py')
-  cmd = [sys.executable, script, f'--shape={args.shape}', f'--steps={args.steps}',
-         f'--rounds={args.rounds}', f'--variants={args.variants}', '--json']
-  out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-  return {r['variant']: r['tokens_per_s'] for r in json.loads(out.strip().splitlines()[-1])}
+def pytorch_timers(variants, shape: str) -> dict:
+  """benchmarks/reference_pytorch.py's step timers for `variants` (torch on every core this
+  process may use), to interleave with the JAX ones."""
+  import reference_pytorch  # noqa: E402  pylint: disable=g-import-not-at-top  (needs torch)
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(len(os.sched_getaffinity(0)))
+  return {v: reference_pytorch.StepTimer(v, shape) for v in variants}
 
 
-def print_table(table: list[dict], peak_flops: float, torch_tps: dict | None):
+def paired_ratio(jax_timer: StepTimer, torch_timer) -> float:
+  """JAX / PyTorch tokens/s: the median over rounds of the ratio within each round (the two
+  timed back to back), which cancels the machine's drift between rounds."""
+  jax_s = np.asarray(jax_timer.seconds[1:])               # [0] is the compiling step
+  torch_s = np.asarray(torch_timer.seconds)
+  return float(np.median(torch_s / jax_s))
+
+
+def print_table(table: list[dict], peak_flops: float):
   print(f'matmul peak (float32 2048^3, median): {peak_flops / 1e9:.1f} GFLOP/s')
   head = '| variant | tokens/s | GFLOP/s | of matmul peak | step vs baseline |'
-  if torch_tps:
-    head += ' PyTorch tokens/s | JAX / PyTorch |'
+  torch = 'jax_over_pytorch' in table[0]
+  if torch:
+    head += ' PyTorch tokens/s | JAX / PyTorch (paired) |'
   print(head + '\n' + '|---' * head.count(' | ') + '|---|')
   for r in table:
     over = '' if r['overhead_vs_baseline'] is None else f'{r["overhead_vs_baseline"]:.3f}'
     line = (f'| {r["variant"]} | {r["tokens_per_s"]:,.0f} | {r["flops_per_s"] / 1e9:.1f} | '
             f'{r["peak_fraction"]:.2f} | {over} |')
-    if torch_tps:
-      tps = torch_tps[r['variant']]
-      line += f' {tps:,.0f} | {r["tokens_per_s"] / tps:.2f} |'
+    if torch:
+      line += (f' {r["pytorch_tokens_per_s"]:,.0f} | {r["jax_over_pytorch"]:.2f} |'
+               if 'jax_over_pytorch' in r else ' | |')
     print(line)
 
 
@@ -147,24 +162,45 @@ def main():
   parser = shapes.parser(__doc__.split('\n')[0])
   parser.add_argument('--separate_gate', action='store_true',
                       help='time the separate gate projection (model.fused_gate_projection=False)')
+  parser.add_argument('--compare_cpu_options', action='store_true',
+                      help="also time each variant compiled with XLA's default options instead "
+                           'of train.CPU_COMPILER_OPTIONS (rows "<variant> (XLA defaults)")')
   parser.add_argument('--pytorch', action='store_true',
-                      help='also run benchmarks/reference_pytorch.py and print the ratio')
+                      help='also time benchmarks/reference_pytorch.py, interleaved, and print the ratio')
   args = parser.parse_args()
   variants = shapes.variants(parser, args)
   timers = {v: StepTimer(shape_config(v, args.shape, not args.separate_gate)) for v in variants}
+  torch_timers = pytorch_timers(variants, args.shape) if args.pytorch else {}
   cfg = next(iter(timers.values())).setup.model_cfg
   T = shapes.SHAPES[args.shape]['seq_len']
   core = attention_kernels.choose(cfg.attention_impl, cfg.platform, cfg.compute_dtype, T,
                                   cfg.head_dim, cfg.attention_block_q, cfg.attention_block_kv)
   print(f'shape {args.shape} {shapes.SHAPES[args.shape]}, {jax.default_backend()}, '
         f'attention core {core}, scan_layers={cfg.scan_layers}, '
-        f'{args.rounds} rounds x {args.steps} steps', flush=True)
-  interleave(timers, args.rounds, args.steps)
+        f'{args.rounds} rounds x {args.steps} steps'
+        + (', PyTorch interleaved' if torch_timers else ''), flush=True)
+  default_timers = {}
+  if args.compare_cpu_options:
+    default_timers = {f'{v} (XLA defaults)': StepTimer(
+        shape_config(v, args.shape, not args.separate_gate), cpu_compiler_options={})
+                      for v in variants}
+  order = {}                 # each variant's JAX step, then its PyTorch one and XLA-default one
+  for v in variants:
+    order[v] = timers[v]
+    if torch_timers:
+      order['torch', v] = torch_timers[v]
+    if default_timers:
+      order[f'{v} (XLA defaults)'] = default_timers[f'{v} (XLA defaults)']
+  interleave(order, args.rounds, args.steps)
   peak = matmul_peak()
-  table = rows({v: t.summary() for v, t in timers.items()}, peak)
-  torch_tps = run_pytorch(args) if args.pytorch else None
+  table = rows({v: t.summary() for v, t in {**timers, **default_timers}.items()}, peak)
+  torch_tps = {v: t.summary()['tokens_per_s'] for v, t in torch_timers.items()} or None
+  for r in table:
+    if torch_tps and r['variant'] in torch_tps:
+      r.update(pytorch_tokens_per_s=torch_tps[r['variant']],
+               jax_over_pytorch=paired_ratio(timers[r['variant']], torch_timers[r['variant']]))
   print(json.dumps(table, indent=2))
-  print_table(table, peak, torch_tps)
+  print_table(table, peak)
 
 
 if __name__ == '__main__':

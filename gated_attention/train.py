@@ -28,6 +28,15 @@ from gated_attention.errors import ConfigError
 
 NO_DECAY = ('scale', 'bias')  # norms' scales and biases are not weight-decayed
 
+# XLA:CPU options of the compiled train / eval / inspect steps on CPU meshes (none elsewhere).
+# YNNPACK computes the matmuls only, XLA's own loop fusions the elementwise code: YNNPACK's
+# elementwise fusions take every broadcast operand (a norm's scale, a row's rsqrt) materialised
+# at the activations' shape, one extra pass over [B, T, D] per operand. Training step, float32,
+# this option against XLA's default, both compiled in one process and interleaved
+# (benchmarks/throughput.py --compare_cpu_options): 0.92-0.97x the step time at issue 14's shape
+# a, 0.96x at shape b, the same numbers up to float32 rounding.
+CPU_COMPILER_OPTIONS = {'xla_cpu_experimental_ynn_fusion_type': 'LIBRARY_FUSION_TYPE_DOT'}
+
 
 def learning_rate_schedule(tc) -> optax.Schedule:
   """Linear warm-up to the peak, then cosine decay to the minimum at the last step."""
@@ -222,8 +231,12 @@ class Setup:
   and the jitted `init_fn`, `train_step`, `eval_step`, `inspect_step`, `eval_inspect_step`.
   """
 
-  def __init__(self, cfg, mesh):
+  def __init__(self, cfg, mesh, cpu_compiler_options=None):
+    """`cpu_compiler_options`: XLA options of the steps on a CPU mesh (None:
+    CPU_COMPILER_OPTIONS; {}: XLA's defaults, for benchmarks/throughput.py's comparison)."""
     self.cfg, self.mesh = cfg, mesh
+    self.cpu_compiler_options = (CPU_COMPILER_OPTIONS if cpu_compiler_options is None
+                                 else cpu_compiler_options)
     self.rules = sharding.get_rules(cfg.mesh.rules)
     self.model_cfg = ModelConfig.from_config(cfg.model, platform=mesh_platform(mesh))
     self.document_bos = document_bos(cfg)
@@ -257,21 +270,23 @@ class Setup:
     bos = self.document_bos
     self.init_fn = jax.jit(with_rules(self._init), out_shardings=(self.param_shardings,
                                                                    self.opt_shardings))
-    self.train_step = jax.jit(
+    options = self.cpu_compiler_options if self.model_cfg.platform == 'cpu' else None
+    jit = functools.partial(jax.jit, compiler_options=options)
+    self.train_step = jit(
         with_rules(functools.partial(train_step, graphdef=self.graphdef, tc=tc,
                                      pools_stats=self.model_cfg.pools_ffn_stats,
                                      optimizer=self.optimizer, document_bos=bos)),
         in_shardings=(self.param_shardings, self.opt_shardings, self.batch_sharding),
         out_shardings=(self.param_shardings, self.opt_shardings, replicated),
         static_argnums=(3,), donate_argnums=(0, 1))
-    self.eval_step = jax.jit(
+    self.eval_step = jit(
         with_rules(functools.partial(eval_step, graphdef=self.graphdef, tc=tc,
                                      document_bos=bos)),
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
-    self.inspect_step = jax.jit(
+    self.inspect_step = jit(
         with_rules(functools.partial(inspect_step, graphdef=self.graphdef, document_bos=bos)),
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
-    self.eval_inspect_step = jax.jit(
+    self.eval_inspect_step = jit(
         with_rules(functools.partial(eval_inspect_step, graphdef=self.graphdef,
                                      document_bos=bos)),
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)

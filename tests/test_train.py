@@ -119,6 +119,33 @@ def test_grad_accumulation_matches_one_big_batch():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5), p1, p4)  # updates ~1e-2
 
 
+def test_cpu_compiler_options_take_effect_and_keep_the_numbers():
+  """train.CPU_COMPILER_OPTIONS (YNNPACK for matmuls only) reach XLA, so the compiled step has
+  fewer YNNPACK fusions than with XLA's defaults, and the step's loss, gradient norm and new
+  parameters agree to float32 rounding."""
+  rng = np.random.default_rng(2)
+  toks = rng.integers(0, 257, (8, 33)).astype(np.int32)
+  batch = {'inputs': toks[:, :-1], 'targets': toks[:, 1:],
+           'loss_mask': np.ones((8, 32), np.float32)}
+  c = tiny_config(**{'train.warmup_steps': 0, 'train.eps': 1e-6})
+  mesh = sharding.build_mesh(c.mesh)
+  results, ynn = [], []
+  for options in (None, {}):
+    setup = train_lib.Setup(c, mesh, cpu_compiler_options=options)
+    params, opt = setup.init(0)
+    with jax.set_mesh(mesh):
+      b = setup.global_batch(batch)
+      ynn.append(setup.train_step.lower(params, opt, b, 1.0).compile().as_text()
+                 .count('__ynn_fusion'))
+      params, _, metrics = setup.train_step(params, opt, b, 1.0)
+    results.append((jax.device_get(params), jax.device_get(metrics)))
+  assert train_lib.CPU_COMPILER_OPTIONS and 0 < ynn[0] < ynn[1], ynn
+  (p0, m0), (p1, m1) = results
+  assert m0['loss'] == pytest.approx(m1['loss'], rel=1e-6)
+  assert m0['grad_norm'] == pytest.approx(m1['grad_norm'], rel=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5), p0, p1)
+
+
 def _main_cmd(workdir, steps):
   overrides = {**OVERRIDES, 'train.steps': steps}
   return [sys.executable, os.path.join(REPO, 'main.py'), '--config=configs/g1_elementwise.py',
