@@ -179,26 +179,24 @@ def main():
         f'attention core {core}, scan_layers={cfg.scan_layers}, '
         f'{args.rounds} rounds x {args.steps} steps'
         + (', PyTorch interleaved' if torch_timers else ''), flush=True)
-  default_timers = {}
-  if args.compare_cpu_options:
-    default_timers = {f'{v} (XLA defaults)': StepTimer(
-        shape_config(v, args.shape, not args.separate_gate), cpu_compiler_options={})
-                      for v in variants}
+  default_timers = {v: StepTimer(shape_config(v, args.shape, not args.separate_gate),
+                                 cpu_compiler_options={})
+                    for v in (variants if args.compare_cpu_options else ())}
   order = {}                 # each variant's JAX step, then its PyTorch one and XLA-default one
   for v in variants:
     order[v] = timers[v]
-    if torch_timers:
+    if v in torch_timers:
       order['torch', v] = torch_timers[v]
-    if default_timers:
-      order[f'{v} (XLA defaults)'] = default_timers[f'{v} (XLA defaults)']
+    if v in default_timers:
+      order[f'{v} (XLA defaults)'] = default_timers[v]
   interleave(order, args.rounds, args.steps)
   peak = matmul_peak()
-  table = rows({v: t.summary() for v, t in {**timers, **default_timers}.items()}, peak)
-  torch_tps = {v: t.summary()['tokens_per_s'] for v, t in torch_timers.items()} or None
+  table = rows({v: t.summary() for v, t in order.items() if not isinstance(v, tuple)}, peak)
   for r in table:
-    if torch_tps and r['variant'] in torch_tps:
-      r.update(pytorch_tokens_per_s=torch_tps[r['variant']],
-               jax_over_pytorch=paired_ratio(timers[r['variant']], torch_timers[r['variant']]))
+    if r['variant'] in torch_timers:
+      torch_timer = torch_timers[r['variant']]
+      r.update(pytorch_tokens_per_s=torch_timer.summary()['tokens_per_s'],
+               jax_over_pytorch=paired_ratio(timers[r['variant']], torch_timer))
   print(json.dumps(table, indent=2))
   print_table(table, peak)
 

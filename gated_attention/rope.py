@@ -58,9 +58,8 @@ def inverse_frequencies(head_dim: int, base: float, scaling=None) -> tuple[np.nd
 class RoPE:
   """`apply(x_BxTxNxd, positions_BxT)` rotates queries or keys; `rotate(x, *tables(positions))`
   is the same with the sin / cos tables made once for several calls (`constant_tables` for the
-  positions 0 .. T-1 of a training window). A hashable value (it
-  lives in the model's graphdef); the frequencies are computed in float64 numpy when a function
-  is traced."""
+  positions 0 .. T-1 of a training window). A hashable value (it lives in the model's
+  graphdef); the frequencies are computed in float64 numpy when a function is traced."""
   head_dim: int
   base: float
   scaling: RopeScaling | None = None
