@@ -131,7 +131,7 @@ def _libraries_log_to(log_dir: str):
 
 
 def _interop():
-  from gated_attention.hf import rundir  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop as rundir  # pylint: disable=g-import-not-at-top
   if FLAGS.mode == 'import':
     if not FLAGS.hf:
       sys.exit('--mode=import needs --hf=DIR, a local Hugging Face model directory.')
@@ -148,14 +148,14 @@ def dispatch(config, rest):
   if rest and FLAGS.mode != 'compare':
     sys.exit(f'Unexpected arguments {rest}; only --mode=compare takes run directories.')
   if FLAGS.mode == 'params':
-    from gated_attention import model  # pylint: disable=g-import-not-at-top
-    from gated_attention.config import ModelConfig  # pylint: disable=g-import-not-at-top
+    from gated_attention.model import transformer as model  # pylint: disable=g-import-not-at-top
+    from gated_attention.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
     print(json.dumps(model.param_report(ModelConfig.from_config(config.model))))
   elif FLAGS.mode == 'memory':
-    from gated_attention import memory  # pylint: disable=g-import-not-at-top
+    from gated_attention.compile import memory  # pylint: disable=g-import-not-at-top
     print(json.dumps(memory.report(config), indent=2))
   elif FLAGS.mode == 'compile':
-    from gated_attention import aot  # pylint: disable=g-import-not-at-top
+    from gated_attention.compile import aot  # pylint: disable=g-import-not-at-top
     print(json.dumps(aot.report(config, FLAGS.topology), indent=2))
   elif FLAGS.mode == 'compare':
     from gated_attention.analysis import compare  # pylint: disable=g-import-not-at-top
@@ -172,16 +172,16 @@ def dispatch(config, rest):
     if FLAGS.mode == 'train' and not FLAGS['verbosity'].present:
       _libraries_log_to(os.path.join(FLAGS.workdir, 'logs'))
     if FLAGS.mode == 'train':
-      from gated_attention import loop  # pylint: disable=g-import-not-at-top
+      from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
       loop.run(_train_config(config, FLAGS.workdir), FLAGS.workdir)
     elif FLAGS.mode == 'sample':
-      from gated_attention import generate  # pylint: disable=g-import-not-at-top
+      from gated_attention.inference import generate  # pylint: disable=g-import-not-at-top
       generate.sample_command(
           FLAGS.workdir, FLAGS.prompt, max_new_tokens=FLAGS.max_new_tokens,
           temperature=FLAGS.temperature, top_p=FLAGS.top_p, seed=FLAGS.sample_seed,
           overrides=dict(getattr(FLAGS['config'], 'override_values', None) or {}), step=FLAGS.step)
     elif FLAGS.mode == 'long_context':
-      from gated_attention import long_context  # pylint: disable=g-import-not-at-top
+      from gated_attention.inference import long_context  # pylint: disable=g-import-not-at-top
       long_context.run(FLAGS.workdir, overrides=dict(
           getattr(FLAGS['config'], 'override_values', None) or {}))
     else:

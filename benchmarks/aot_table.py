@@ -7,7 +7,7 @@ For the paper's three architectures (baseline and G1 elementwise) at sequence le
 the paper's global batch of 1024 sequences, walk up the v5p slices (4, 8, ... chips; full FSDP
 over all chips: config.mesh data=1, fsdp=-1, rules=fsdp) and, on each, up the gradient
 accumulation (1, 2, 4, ... until one sequence per chip per micro-batch) until the compiled
-training step fits in HBM (`main.py --mode=compile`, gated_attention/aot.py). Needs libtpu
+training step fits in HBM (`main.py --mode=compile`, gated_attention/compile/aot.py). Needs libtpu
 (pip install -r requirements-tpu.txt), no TPU.
 
 Compiles that do not fit fail fast (seconds: the TPU compiler checks HBM early); a compile that
@@ -92,8 +92,8 @@ def estimate_state_bytes(scale, n_chips):
   """f32 params + AdamW m, v + f32 gradients, evenly sharded: a lower bound to skip slices."""
   sys.path.insert(0, ROOT)
   from configs import base  # pylint: disable=g-import-not-at-top
-  from gated_attention import model  # pylint: disable=g-import-not-at-top
-  from gated_attention.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from gated_attention.model import transformer as model  # pylint: disable=g-import-not-at-top
+  from gated_attention.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
   model_cfg = ModelConfig.from_config(base.get_config(scale).model)
   return model.param_report(model_cfg)['total'] * 16 / n_chips
 
@@ -174,7 +174,7 @@ DOC_HEAD = """# Ahead-of-time compilation for TPU pods
 
 `main.py --mode=compile --topology=<name>` lowers and compiles the real training step (forward,
 backward, AdamW, gradient accumulation, with the shardings of `config.mesh.rules`) for a TPU
-slice, on a machine without TPUs, and prints one JSON report (gated_attention/aot.py):
+slice, on a machine without TPUs, and prints one JSON report (gated_attention/compile/aot.py):
 per-device memory against HBM, XLA's FLOPs against the analytic count, a roofline step time and
 MFU, the collectives in the program, and the compile time. When the step does not fit, the TPU
 compiler usually refuses it and the report names the largest buffers of its memory report; a step
@@ -187,7 +187,7 @@ that compiles but exceeds HBM is flagged too, with the program's largest arrays.
         --config.mesh.fsdp=4 --config.mesh.data=2    # any mesh; one axis may be -1
 
 Topology names are libtpu's: `v5p:2x2x1` (4 chips) ... `v5p:8x8x8`, `v5e:4x4` (`v5litepod:` is
-accepted), `v6e:2x2`, `v4:2x2x2`. Chip figures (`gated_attention/chips.py`, sources in the comments):
+accepted), `v6e:2x2`, `v4:2x2x2`. Chip figures (`gated_attention/compile/chips.py`, sources in the comments):
 
 | chip | peak bf16 | HBM | HBM bandwidth |
 |---|---|---|---|
@@ -200,7 +200,7 @@ How to read the numbers:
 - **FLOPs**: XLA's `cost_analysis()` counts a while loop's body once; the layers are a scan and
   grad accumulation is a scan, so the report scales it by the trip counts measured on the step's
   jaxpr (`flops.loop_scale`).
-- **Pallas kernels** (`gated_attention/kernel_cost.py`): XLA's cost analysis counts nothing for a
+- **Pallas kernels** (`gated_attention/compile/kernel_cost.py`): XLA's cost analysis counts nothing for a
   Pallas kernel without a cost estimate, neither FLOPs nor bytes. Splash attention gives none,
   so the report adds its FLOPs, 2 x block_q x block_kv x head_dim per matmul per tile that the
   causal mask leaves to compute (diagonal tiles whole; 36 of 64 tiles at T=4096 with 512-token
@@ -239,7 +239,7 @@ How to read the numbers:
 def write_doc(tables, attempts_by_row, cache, args):
   os.makedirs(os.path.dirname(DOC), exist_ok=True)
   sys.path.insert(0, ROOT)
-  from gated_attention import chips as chip_table  # pylint: disable=g-import-not-at-top
+  from gated_attention.compile import chips as chip_table  # pylint: disable=g-import-not-at-top
   chips_tbl = '\n'.join(f'| {k} | {v["peak_bf16_flops"] / 1e12:.0f} TFLOP/s | '
                         f'{v["hbm_bytes"] / 2**30:.0f} GiB | {v["hbm_bandwidth"] / 1e9:.0f} GB/s |'
                         for k, v in chip_table.CHIPS.items() if k in chip_table.TPU_CHIPS)

@@ -1,4 +1,4 @@
-"""Attention cores (gated_attention/attention_kernels.py), forward + backward, by sequence length.
+"""Attention cores (gated_attention/model/attention_kernels.py), forward + backward, by sequence length.
 
 Times the gradient of sum(attention(q, k, v)^2) after a warm-up call (compilation excluded), the
 best of --rounds, with the same number of tokens at every length (batch = --tokens / T), on the
@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from gated_attention import attention_kernels  # noqa: E402
+from gated_attention.model import attention_kernels  # noqa: E402
 
 
 def time_one(impl: str, block: int, T: int, B: int, heads, rounds: int) -> float:

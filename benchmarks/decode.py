@@ -1,4 +1,4 @@
-"""Decode speed with and without the KV cache (gated_attention/generate.py).
+"""Decode speed with and without the KV cache (gated_attention/inference/generate.py).
 
 Without the cache every new token runs the model over the whole sequence so far (at the fixed
 length prompt + new tokens, so nothing recompiles); with it, one token per step attends to the
@@ -21,8 +21,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from flax import nnx  # noqa: E402
-from gated_attention import generate, model  # noqa: E402
-from gated_attention.config import ModelConfig  # noqa: E402
+from gated_attention.inference import generate  # noqa: E402
+from gated_attention.model import transformer as model
+from gated_attention.model.config import ModelConfig  # noqa: E402
 
 
 def main():

@@ -1,5 +1,5 @@
 """A fake "released" checkpoint at the real 1.7B shapes, and the time and memory of importing and
-exporting it (gated_attention/hf). No torch, no network: random bf16 weights, written in the
+exporting it (gated_attention/runs/hf). No torch, no network: random bf16 weights, written in the
 authors' gated-Qwen3 layout (config.json + sharded safetensors), as their 1B_gate_headwise.
 
   python benchmarks/fake_release.py make --out=/tmp/fake_1b_gate_headwise
@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable-next=g-import-not-at-top
-from gated_attention.hf import hf_config, layout, safetensors_io
+from gated_attention.runs.hf import hf_config, layout, safetensors_io
 
 # The paper's 1.7B-28L dense model (appendix table) in the authors' Hugging Face config.
 CONFIG = dict(architectures=['Qwen3ForCausalLM'], model_type='qwen3', vocab_size=151_936,
@@ -79,7 +79,7 @@ def make(out: str, gate: str, max_shard_bytes: int):
 
 def _step(step: str, src: str, out: str, dtype: str):
   """One measured step in this process: load, or load + save."""
-  from gated_attention.hf import load_hf, save_hf  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import load_hf, save_hf  # pylint: disable=g-import-not-at-top
   t0 = time.perf_counter()
   config, params = load_hf(src)
   t_load = time.perf_counter() - t0

@@ -15,7 +15,7 @@ import json
 import numpy as np
 
 import throughput  # benchmarks/throughput.py: StepTimer, interleave (puts the repo on sys.path)
-from gated_attention import model as model_lib  # pylint: disable=g-bad-import-order
+from gated_attention.model import transformer as model_lib  # pylint: disable=g-bad-import-order
 
 
 def configs(variant: str):

@@ -41,8 +41,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import shapes  # noqa: E402  (benchmarks/shapes.py)
-from gated_attention import attention_kernels, sharding, train  # noqa: E402
-from gated_attention import model as model_lib  # noqa: E402
+from gated_attention.model import attention_kernels  # noqa: E402
+from gated_attention import sharding
+from gated_attention.training import train
+from gated_attention.model import transformer as model_lib  # noqa: E402
 
 
 def shape_config(variant: str, shape: str, fused_gate: bool = True):

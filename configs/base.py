@@ -85,7 +85,7 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
       scan_layers=True,
       # auto (splash on TPU, cudnn on GPU where they fit, chunked / blockwise on CPU, else xla)
       # | xla | cudnn | splash (Pallas, TPU) | blockwise (pure-JAX online softmax) | chunked
-      # (pure-JAX causal query chunks); gated_attention/attention_kernels.py
+      # (pure-JAX causal query chunks); gated_attention/model/attention_kernels.py
       attention_impl='auto',
       attention_block_q=0,      # splash / blockwise query tile, chunked query chunk (0: 512
                                 # splash, 128 blockwise and chunked)
@@ -180,7 +180,7 @@ def train_config() -> ml_collections.ConfigDict:
       keep_checkpoints=3,       # the latest ones; the best by the running loss is kept besides
       init_from='',             # a run directory: start from its latest parameters (fresh
                                 # optimizer and data), e.g. to fine-tune on other data
-      # Stability (gated_attention/stability.py): non-finite steps are skipped (parameters and
+      # Stability (gated_attention/training/stability.py): non-finite steps are skipped (parameters and
       # optimizer state unchanged); loss spikes are detected and logged.
       nonfinite_max_in_a_row=10,  # skipped non-finite steps in a row that make a failure
       spike_window=50,          # steps of the running loss level (and of the warm-up)
@@ -195,7 +195,7 @@ def train_config() -> ml_collections.ConfigDict:
 
 
 def long_context_config() -> ml_collections.ConfigDict:
-  """--mode=long_context options (gated_attention/long_context.py)."""
+  """--mode=long_context options (gated_attention/inference/long_context.py)."""
   return ml_collections.ConfigDict(dict(
       lengths='',               # comma-separated lengths in tokens ('': 1, 2, 4, 8 x data.seq_len)
       tasks='all',              # RULER-style tasks (input_pipeline/ruler.py), comma-separated; '' none

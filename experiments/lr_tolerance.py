@@ -5,7 +5,7 @@ without the loss spikes of the baseline and tolerates larger learning rates (the
 diverges at 8e-3 where the gated model trains). Here: the default `tiny` model (4 layers, hidden
 128, QK-norm) on the built-in corpus, 400 steps of 16 x 128 byte tokens, one seed per learning rate
 (the default is 3e-3; the grid starts above it), warm-up 60 steps then cosine. "loss spikes" are the
-steps the training loop's guard flags (gated_attention/stability.py: far above the running loss
+steps the training loop's guard flags (gated_attention/training/stability.py: far above the running loss
 level, or worse than uniform guessing); a run that diverges (100 spike steps in a row, or 10 non-
 finite steps in a row) is halted by the guard and counted in the "seeds done" column, not in the
 means.

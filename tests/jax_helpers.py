@@ -15,5 +15,5 @@ def perturb(module, seed, scale=0.1):
 
 def model_config(model_section):
   """The typed ModelConfig of a config's `model` section (a ConfigDict)."""
-  from gated_attention.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from gated_attention.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
   return ModelConfig.from_config(model_section)

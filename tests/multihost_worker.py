@@ -57,7 +57,8 @@ def mesh_layout(mesh):
 
 def steps_mode(c, process_index, process_count, n_steps=STEPS, after_step=None):
   import input_pipeline  # pylint: disable=g-import-not-at-top
-  from gated_attention import sharding, train  # pylint: disable=g-import-not-at-top
+  from gated_attention import sharding  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import train
   mesh = sharding.build_mesh(c.mesh)
   setup = train.Setup(c, mesh)
   params, opt = setup.init(c.seed)
@@ -86,7 +87,7 @@ def reference_val(c):
   """After step STEPS: the validation loss as loop.run computes it (one process sees the whole
   global batch, so the val set is the one every process count sees)."""
   import input_pipeline  # pylint: disable=g-import-not-at-top
-  from gated_attention import loop  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
   data = input_pipeline.build_data(c.data, global_batch_size=c.train.batch_size, seed=c.seed)
 
   def after_step(step, setup, params):
@@ -110,7 +111,7 @@ def main():
     if MODE == 'steps':
       out.update(steps_mode(c, i, n))
     else:
-      from gated_attention import loop  # pylint: disable=g-import-not-at-top
+      from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
       out['val'] = loop.run(c, WORKDIR)
       out['val'] = {k: v for k, v in out['val'].items() if np.ndim(v) == 0}
       # Resume from the coordinated checkpoint for one more step.

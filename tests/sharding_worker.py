@@ -25,7 +25,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from configs import base  # noqa: E402
-from gated_attention import sharding, train  # noqa: E402
+from gated_attention import sharding  # noqa: E402
+from gated_attention.training import train
 
 MESHES = {  # rules preset -> mesh sizes on 8 devices
     'data_parallel': dict(data=-1),
@@ -72,8 +73,8 @@ def grad_fn(setup):
 def init_params(kind):
   """One set of parameters (numpy), built eagerly on one device without any mesh."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
-  from gated_attention.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
   with jax.default_device(jax.devices()[0]):
     model = model_lib.Transformer(ModelConfig.from_config(config(kind).model),
                                   rngs=nnx.Rngs(params=jax.random.key(0)))
@@ -136,7 +137,7 @@ def run_case(kind, rules, params, ref):
 def restore_case():
   """Save sharded (8 devices, FSDP) with the project's Checkpointer; restore onto 4 and 1."""
   import input_pipeline  # pylint: disable=g-import-not-at-top
-  from gated_attention import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   out = {}
   c8 = config('moe', 'fsdp_expert', dict(data=1, fsdp=2, expert=4))
   s8 = train.Setup(c8, sharding.build_mesh(c8.mesh))

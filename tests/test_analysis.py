@@ -23,10 +23,11 @@ import pytest
 from flax import nnx
 
 from configs import base
-from gated_attention import attention, gating
-from gated_attention import model as model_lib
-from gated_attention import train as train_lib
-from gated_attention.analysis import analyze, compare, metrics, runs
+from gated_attention.model import attention, gating
+from gated_attention.model import transformer as model_lib
+from gated_attention.training import train as train_lib
+from gated_attention.analysis import analyze, compare, metrics
+from gated_attention.runs import load as runs
 from tests.jax_helpers import model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -345,7 +346,7 @@ def tiny_run_config(variant='g1_elementwise'):
 
 def make_tiny_run(workdir: str, analyse: bool = True) -> str:
   """Trains (once) a 6-step 2-layer G1 run in `workdir` and analyses it; returns workdir."""
-  from gated_attention import loop  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
   if runs.latest_step(workdir) is None:
     loop.run(tiny_run_config(), workdir)
   if analyse and not os.path.isfile(os.path.join(workdir, 'analysis', 'report.json')):

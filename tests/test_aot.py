@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation for TPU topologies (gated_attention/aot.py).
+"""Ahead-of-time compilation for TPU topologies (gated_attention/compile/aot.py).
 
 The compile tests need libtpu (pip install -r requirements-tpu.txt) but no TPU; they are marked
 slow (about a minute on 2 CPU cores) and skipped without libtpu:
@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import pytest
 
 from configs import g1_elementwise
-from gated_attention import aot, chips, hlo_cost
-from gated_attention import model as model_lib
+from gated_attention.compile import aot, chips, hlo_cost
+from gated_attention.model import transformer as model_lib
 from tests.jax_helpers import model_config
 
 HAS_LIBTPU = importlib.util.find_spec('libtpu') is not None

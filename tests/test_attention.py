@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import attention, attention_kernels
+from gated_attention.model import attention, attention_kernels
 from tests import reference as ref
-from gated_attention import layers
+from gated_attention.model import layers
 from tests.jax_helpers import model_config, perturb
 
 B, T = 2, 8

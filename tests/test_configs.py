@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from configs import base
-from gated_attention import gating, model
+from gated_attention.model import gating, transformer as model
 from tests import reference as ref
 from tests.jax_helpers import model_config
 
@@ -170,7 +170,7 @@ def test_remat_policy_gives_same_loss_and_grads(no_remat, remat):
 def _splash_forward_calls(closed_jaxpr) -> int:
   """Splash forward kernels whose results are used (a call inside a jit without outputs, which
   the remat leaves behind, is dead code the compiler removes)."""
-  from gated_attention.hlo_cost import _subjaxprs  # pylint: disable=g-import-not-at-top
+  from gated_attention.compile.hlo_cost import _subjaxprs  # pylint: disable=g-import-not-at-top
   def count(jx):
     return sum(count(sub) for e in jx.eqns if e.outvars for sub in _subjaxprs(e.params)) + sum(
         e.primitive.name == 'pallas_call' and 'splash_mha_fwd' in str(

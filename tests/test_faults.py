@@ -25,10 +25,10 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache
 from orbax.checkpoint._src.checkpointers import async_checkpointer
 
-from gated_attention import checkpoint as ckpt_lib
-from gated_attention import loop
+from gated_attention.runs import checkpoint as ckpt_lib
+from gated_attention.training import loop
 from gated_attention.analysis import metrics as metrics_lib
-from gated_attention.analysis import runs as runs_lib
+from gated_attention.runs import load as runs_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 30

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import gating, layers
+from gated_attention.model import gating, layers
 from tests import reference as ref
 
 B, T, D, H, K, d = 2, 8, 32, 4, 2, 8

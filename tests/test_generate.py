@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import generate, model
+from gated_attention.inference import generate
+from gated_attention.model import transformer as model
 from tests import reference as ref
 from tests.jax_helpers import model_config, perturb
 from tests.test_analysis import ROOT, make_tiny_run

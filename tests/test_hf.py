@@ -1,4 +1,4 @@
-"""Hugging Face interop (gated_attention/hf): golden fixtures, exact round trips, refusals.
+"""Hugging Face interop (gated_attention/runs/hf): golden fixtures, exact round trips, refusals.
 
 The fixtures (tests/fixtures/hf/, made by make_fixtures.py) are small random-weight Qwen3 models
 written by `transformers` itself, stock for the baseline and the authors' modeling_qwen3.py for
@@ -18,8 +18,8 @@ import pytest
 from flax import nnx
 
 from configs import base
-from gated_attention.hf import HFExportError, HFFormatError, load_hf, save_hf
-from gated_attention.hf import safetensors_io
+from gated_attention.runs.hf import HFExportError, HFFormatError, load_hf, save_hf
+from gated_attention.runs.hf import safetensors_io
 from tests.reference import TINY_MODEL
 
 FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures', 'hf')
@@ -31,8 +31,8 @@ CASES = ('baseline_tied', 'baseline_untied', 'headwise_untied', 'elementwise_tie
 # --------------------------------------------------------------------------------------------
 
 def _graphdef_and_state(config):
-  from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
-  from gated_attention.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
   cfg = ModelConfig.from_config(config.model)
   return nnx.split(nnx.eval_shape(lambda: model_lib.Transformer(cfg, rngs=nnx.Rngs(0))))
 
@@ -40,7 +40,7 @@ def _graphdef_and_state(config):
 def _our_logits(config, params, tokens_BxT):
   """(float32 logits [B, T, V], F-Attn per layer and head [L, H]) of our model with `params`,
   from the analysis (inspect) path."""
-  from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   graphdef, state = _graphdef_and_state(config)
   nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
 
@@ -378,7 +378,7 @@ def _doc_text(tokens_T, filler: int = 0) -> str:
 @pytest.fixture(scope='module')
 def imported(tmp_path_factory):
   """The headwise fixture imported into a run directory, and a jsonl of its first sequence."""
-  from gated_attention.hf import rundir  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop as rundir  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp('imported')
   ref = np.load(os.path.join(FIXTURES, 'headwise_untied', 'reference.npz'))
   data = root / 'docs.jsonl'
@@ -392,7 +392,8 @@ def imported(tmp_path_factory):
 def test_import_writes_a_run_that_analyze_opens_with_the_reference_f_attn(imported):
   """--mode=analyze on the imported run, on held-out windows equal to the fixture's first
   sequence: its per-layer F-Attn is the reference model's (transformers, eager attention)."""
-  from gated_attention.analysis import analyze, runs  # pylint: disable=g-import-not-at-top
+  from gated_attention.analysis import analyze  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import load as runs
   workdir, data, ref, summary = imported
   assert summary['variant'] == 'g1_headwise' and summary['step'] == 0
   assert runs.checkpoint_steps(workdir) == [0]
@@ -411,8 +412,8 @@ def test_imported_run_trains_from_its_weights(imported, tmp_path):
   and data iterator) that continues at step 1 and saves ordinary checkpoints."""
   import shutil  # pylint: disable=g-import-not-at-top
   from configs import from_run  # pylint: disable=g-import-not-at-top
-  from gated_attention import loop  # pylint: disable=g-import-not-at-top
-  from gated_attention.analysis import runs  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import load as runs  # pylint: disable=g-import-not-at-top
   workdir, data, _, _ = imported
   run = str(tmp_path / 'finetune')
   shutil.copytree(workdir, run)
@@ -434,7 +435,7 @@ def test_imported_run_trains_from_its_weights(imported, tmp_path):
 
 
 def test_export_of_an_imported_run_gives_back_the_files(imported, tmp_path):
-  from gated_attention.hf import rundir  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop as rundir  # pylint: disable=g-import-not-at-top
   workdir = imported[0]
   out = rundir.export_run(workdir, str(tmp_path / 'hf'), dtype='bfloat16')
   assert out['format'] == 'authors_gated_qwen3_headwise' and out['step'] == 0
@@ -447,7 +448,7 @@ def test_export_of_an_imported_run_gives_back_the_files(imported, tmp_path):
 
 
 def test_import_refuses_a_workdir_that_holds_a_run(imported):
-  from gated_attention.checkpoint import CheckpointError  # pylint: disable=g-import-not-at-top
-  from gated_attention.hf import rundir  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.checkpoint import CheckpointError  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop as rundir  # pylint: disable=g-import-not-at-top
   with pytest.raises(CheckpointError, match='already holds a run'):
     rundir.import_run(os.path.join(FIXTURES, 'baseline_tied'), imported[0])

@@ -1,4 +1,4 @@
-"""Costs of the Pallas TPU kernels that XLA's cost analysis cannot see (gated_attention/kernel_cost.py).
+"""Costs of the Pallas TPU kernels that XLA's cost analysis cannot see (gated_attention/compile/kernel_cost.py).
 
 The default-suite tests check the analytic counts against reference computations on CPU; the
 compile test (slow, needs libtpu) checks them on a real TPU compile of splash attention:
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gated_attention import hlo_cost, kernel_cost
+from gated_attention.compile import hlo_cost, kernel_cost
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
                                   reason='libtpu not installed (pip install -r requirements-tpu.txt)')
@@ -163,7 +163,8 @@ def test_megablox_flops_count_every_visited_row_tile():
 @pytest.mark.parametrize('fused_bwd', [True, False])
 def test_splash_on_a_tpu_compile_is_invisible_to_xla_and_counted_here(fused_bwd):
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-  from gated_attention import aot, attention_kernels
+  from gated_attention.compile import aot
+  from gated_attention.model import attention_kernels
   _, devices = aot.topology_devices('v5p:2x2x1')
   mesh = Mesh(devices[:1], ('data',))
   B, T, H, K, d = 2, 1024, 4, 2, 128

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import layers, model
+from gated_attention.model import layers, transformer as model
 from tests import reference as ref
 
 B, T, D, F, V = 2, 8, 32, 48, 61

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import extend_context
-from gated_attention import long_context
+from gated_attention.inference import long_context
 from tests.test_analysis import ROOT, make_tiny_run
 
 
@@ -71,7 +71,7 @@ def test_lengths_and_tags():
 
 
 def test_extend_then_evaluate_with_and_without_yarn(tiny_run, tmp_path):
-  from gated_attention import loop  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
   ext = str(tmp_path / 'ext')
   loop.run(extend_context.get_config(f'{tiny_run},seq_len=64,steps=2'), ext)
   with open(os.path.join(ext, 'config.json')) as f:

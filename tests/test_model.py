@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import model
+from gated_attention.model import transformer as model
 from tests import reference as ref
-from gated_attention import config as config_lib
+from gated_attention.model import config as config_lib
 from tests.jax_helpers import model_config, perturb
 
 B, T = 2, 8
@@ -290,7 +290,7 @@ MOE_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
                       'gated_attention', 'moe.py')
 
 
-@pytest.mark.skipif(not os.path.exists(MOE_PY), reason='gated_attention/moe.py not written yet')
+@pytest.mark.skipif(not os.path.exists(MOE_PY), reason='gated_attention/model/moe.py not written yet')
 @pytest.mark.parametrize('scale', list(MOE_SCALE_SHAPES))
 @pytest.mark.parametrize('variant', ['baseline', 'baseline_more_experts', 'baseline_more_kv_heads',
                                      'g1_elementwise', 'g1_headwise', 'g2_elementwise'])

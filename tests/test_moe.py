@@ -1,4 +1,4 @@
-"""Tests for gated_attention/moe.py against naive numpy (float64) and dense-jax references."""
+"""Tests for gated_attention/model/moe.py against naive numpy (float64) and dense-jax references."""
 
 import math
 import os
@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 
 from configs import base
-from gated_attention import grouped_matmul as gmm_lib
-from gated_attention import moe as moe_lib
+from gated_attention.model import grouped_matmul as gmm_lib
+from gated_attention.model import moe as moe_lib
 from tests.jax_helpers import model_config
 
 B, T, D, E, K, F = 2, 6, 8, 4, 2, 5

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gated_attention import rope
+from gated_attention.model import rope
 from tests import reference as ref
 
 B, T, N, d = 2, 8, 3, 8

@@ -16,8 +16,10 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from configs import base
-from gated_attention import distributed, memory, sharding, train
-from gated_attention import model as model_lib
+from gated_attention import distributed, sharding
+from gated_attention.compile import memory
+from gated_attention.training import train
+from gated_attention.model import transformer as model_lib
 from tests.jax_helpers import model_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

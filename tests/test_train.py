@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from configs import base
-from gated_attention import checkpoint as ckpt_lib
-from gated_attention import workdir as workdir_lib
-from gated_attention import loop, sharding
-from gated_attention import train as train_lib
+from gated_attention.runs import checkpoint as ckpt_lib
+from gated_attention.runs import rundir as workdir_lib
+from gated_attention.training import loop
+from gated_attention import sharding
+from gated_attention.training import train as train_lib
 import input_pipeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,8 +4,8 @@
   analyze.py   --mode=analyze: a run's checkpoint on held-out batches -> RUN/analysis/
   compare.py   --mode=compare: the paper's table and side-by-side figures for several runs
   plots.py     the figures (matplotlib, Agg)
-  runs.py      opening a run read-only: load_run(workdir), attention_map(model, tokenizer, text)
+  (opening a run read-only: gated_attention.runs.load)
 
 Submodules import JAX lazily enough for `compare` to stay cheap; import what you need:
-  from gated_attention.analysis import runs; run = runs.load_run('runs/g1')
+  from gated_attention.runs import load; run = load.load_run('runs/g1')
 """

@@ -26,11 +26,12 @@ import ml_collections
 import numpy as np
 
 from configs import base as base_config
-from gated_attention import workdir as workdir_lib
-from gated_attention import evaluate as eval_lib
-from gated_attention import gating
-from gated_attention import train as train_lib
-from gated_attention.analysis import metrics, plots, runs
+from gated_attention.runs import rundir as workdir_lib
+from gated_attention.training import evaluate as eval_lib
+from gated_attention.model import gating
+from gated_attention.training import train as train_lib
+from gated_attention.analysis import metrics, plots
+from gated_attention.runs import load as runs
 
 # Analysis options: the `analysis` section of the config (configs/base.py), set with
 # --config.analysis.<name>=... or `options=`; 0 / '' / -1 mean "the run's own value".
@@ -42,7 +43,7 @@ DEFINITIONS = {
     'sparsity': 'SDPA output Y before/after the gate: mean |Y|, fraction |Y| < 1e-2, 1e-3',
     'ppl': 'exp(mean token cross-entropy) on the held-out batches',
     'stability': 'loss spikes, skipped non-finite steps and rollbacks of the training run '
-                 '(gated_attention/stability.py)',
+                 '(gated_attention/training/stability.py)',
 }
 
 

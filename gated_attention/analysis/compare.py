@@ -12,7 +12,8 @@ OUT/loss_curves.png; returns the markdown.
 import json
 import os
 
-from gated_attention.analysis import plots, runs
+from gated_attention.analysis import plots
+from gated_attention.runs import load as runs
 
 COLUMNS = ('variant', 'gate score', 'M-Act', 'F-Attn', 'PPL')
 _FALLBACK_MARK = '*'

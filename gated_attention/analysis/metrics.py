@@ -173,7 +173,7 @@ def uniform_causal_f_attn(seq_len: int) -> float:
 
 def stability(rows: list[dict]) -> dict:
   """Loss spikes, skipped (non-finite) steps and rollbacks of a run, from its metrics.jsonl rows
-  (the training loop's stability guard writes one row per event; gated_attention/stability.py):
+  (the training loop's stability guard writes one row per event; gated_attention/training/stability.py):
   counts, the largest spike (loss over the running level) and the steps of every spike."""
   spikes = [r for r in rows if r.get('split') == 'spike']
   largest = max(spikes, key=lambda r: r.get('ratio') or 0.0, default=None)

@@ -40,8 +40,8 @@ import shutil
 import tempfile
 import time
 
-from gated_attention import hlo_cost
-from gated_attention.chips import ALIASES, CHIPS, TPU_CHIPS
+from gated_attention.compile import hlo_cost
+from gated_attention.compile.chips import ALIASES, CHIPS, TPU_CHIPS
 
 # libtpu, loaded on a machine without TPUs, otherwise prints warnings about the missing TPU
 # metadata and takes /tmp/libtpu_lockfile (then fails while any other JAX process holds it).
@@ -213,7 +213,7 @@ def _oom_details(err: str, cfg, n_dev: int, logs_before: dict) -> dict:
 
 
 def _header(config, topology, devices, setup, analytic) -> dict:
-  from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   tc, T = config.train, config.data.seq_len
   gen = parse_topology(topology)[0]
   cores_per_chip = len({getattr(d, 'core_on_chip', 0) for d in devices})
@@ -379,8 +379,9 @@ def _lower_and_compile(setup, config):
 def report(config, topology: str, *, keep_hlo: bool = False) -> dict:
   """Compile the training step of `config` for a TPU topology; returns the JSON-able report."""
   _, devices = topology_devices(topology)
-  from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
-  from gated_attention import sharding, train  # pylint: disable=g-import-not-at-top
+  from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention import sharding  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import train
   n_dev = len(devices)
   setup = train.Setup(config, sharding.build_mesh(config.mesh, devices))
   tokens = config.train.batch_size * config.data.seq_len

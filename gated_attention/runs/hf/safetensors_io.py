@@ -14,7 +14,7 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from gated_attention.hf.errors import HFFormatError
+from gated_attention.runs.hf.errors import HFFormatError
 
 DTYPES = {'F64': np.dtype('<f8'), 'F32': np.dtype('<f4'), 'F16': np.dtype('<f2'),
           'BF16': np.dtype(ml_dtypes.bfloat16)}

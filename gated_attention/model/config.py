@@ -16,11 +16,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from gated_attention import attention_kernels
+from gated_attention.model import attention_kernels
 from gated_attention.errors import ConfigError
-from gated_attention.gating import GateSpec
-from gated_attention.moe import MoESpec
-from gated_attention.rope import RopeScaling
+from gated_attention.model.gating import GateSpec
+from gated_attention.model.moe import MoESpec
+from gated_attention.model.rope import RopeScaling
 
 REMAT = ('none', 'full', 'save_attention', 'dots', 'dots_no_batch')
 ATTENTION_IMPLS = attention_kernels.IMPLS  # auto | xla | cudnn | splash | blockwise | chunked

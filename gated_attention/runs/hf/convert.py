@@ -14,8 +14,8 @@ import tempfile
 
 import numpy as np
 
-from gated_attention.hf import hf_config, layout, safetensors_io
-from gated_attention.hf.errors import HFExportError, HFFormatError
+from gated_attention.runs.hf import hf_config, layout, safetensors_io
+from gated_attention.runs.hf.errors import HFExportError, HFFormatError
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9        # transformers' save_pretrained default ("5GB")
 EXPORT_DTYPES = ('float32', 'bfloat16')

@@ -208,7 +208,8 @@ def run_config(workdir: str, overrides: dict | None = None):
   """The run's saved config for generation: with the evaluation overrides
   (analyze.analysis_config, e.g. YaRN), and MoE routing every token (dispatch dropless: no
   parameter changes, no token dropped)."""
-  from gated_attention.analysis import analyze, runs  # pylint: disable=g-import-not-at-top
+  from gated_attention.analysis import analyze  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import load as runs
   cfg = analyze.analysis_config(runs.read_config(workdir), overrides or {})
   if cfg.model.moe.num_experts and cfg.model.moe.dispatch != 'dropless':
     cfg.model.moe.dispatch = 'dropless'
@@ -227,7 +228,7 @@ def sample_command(workdir: str, prompts: list[str], *, max_new_tokens: int,
     raise GenerateError('--mode=sample needs at least one --prompt="...".')
   if max_new_tokens < 1:
     raise GenerateError(f'--max_new_tokens={max_new_tokens} must be at least 1.')
-  from gated_attention.analysis import runs  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import load as runs  # pylint: disable=g-import-not-at-top
   run = runs.load_run(workdir, step, config=run_config(workdir, overrides))
   tok = run.tokenizer
   ids = [[int(i) for i in tok.encode_doc(p)] for p in prompts]

@@ -16,12 +16,12 @@ import time
 
 import jax
 
-from gated_attention import checkpoint as ckpt_lib
-from gated_attention import workdir as workdir_lib
+from gated_attention.runs import checkpoint as ckpt_lib
+from gated_attention.runs import rundir as workdir_lib
 from gated_attention.errors import CheckpointError
-from gated_attention import train as train_lib
-from gated_attention.analysis import runs
-from gated_attention.hf import convert, hf_config
+from gated_attention.training import train as train_lib
+from gated_attention.runs import load as runs
+from gated_attention.runs.hf import convert, hf_config
 
 IMPORT_STEP = 0
 

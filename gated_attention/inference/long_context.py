@@ -28,8 +28,9 @@ import time
 
 import numpy as np
 
-from gated_attention import generate
-from gated_attention.analysis import plots, runs
+from gated_attention.inference import generate
+from gated_attention.analysis import plots
+from gated_attention.runs import load as runs
 from gated_attention.errors import UserError
 from input_pipeline import ruler
 

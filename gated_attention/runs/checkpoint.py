@@ -1,5 +1,5 @@
 """Checkpoints with orbax: parameters and optimizer state (sharded, async) and each process's
-data-iterator state (grain); the run's config.json beside them is workdir.py's.
+data-iterator state (grain); the run's config.json beside them is rundir.py's.
 
 Layout: <workdir>/checkpoints/<step>/{state,data}. The training loop,
 the analysis and the notebooks all go through `Checkpointer` (the analysis opens it read-only

@@ -20,10 +20,10 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import input_pipeline
-from gated_attention import attention_kernels
-from gated_attention import model as model_lib
+from gated_attention.model import attention_kernels
+from gated_attention.model import transformer as model_lib
 from gated_attention import sharding
-from gated_attention.config import ModelConfig
+from gated_attention.model.config import ModelConfig
 from gated_attention.errors import ConfigError
 
 NO_DECAY = ('scale', 'bias')  # norms' scales and biases are not weight-decayed

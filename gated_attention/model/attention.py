@@ -26,9 +26,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import attention_kernels, gating, sharding
-from gated_attention.layers import Inspectable, RMSNorm, param, project, project_in
-from gated_attention.rope import RoPE
+from gated_attention.model import attention_kernels, gating
+from gated_attention import sharding
+from gated_attention.model.layers import Inspectable, RMSNorm, param, project, project_in
+from gated_attention.model.rope import RoPE
 
 ATTN_MAP_LEN = 128  # the inspect path records attention maps of the first positions only
 

@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from gated_attention import grouped_matmul, sharding
+from gated_attention.model import grouped_matmul
+from gated_attention import sharding
 
 
 def _tuple(entry) -> tuple:

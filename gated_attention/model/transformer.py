@@ -25,13 +25,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import attention_kernels, sharding
-from gated_attention.attention import Attention
-from gated_attention.attention_kernels import document_ids  # noqa: F401 (re-exported)
-from gated_attention.config import ModelConfig
-from gated_attention.layers import MLP, Embed, Inspectable, RMSNorm, capture_stats, param, project
-from gated_attention.moe import MoE
-from gated_attention.rope import RoPE
+from gated_attention.model import attention_kernels
+from gated_attention import sharding
+from gated_attention.model.attention import Attention
+from gated_attention.model.attention_kernels import document_ids  # noqa: F401 (re-exported)
+from gated_attention.model.config import ModelConfig
+from gated_attention.model.layers import MLP, Embed, Inspectable, RMSNorm, capture_stats, param, project
+from gated_attention.model.moe import MoE
+from gated_attention.model.rope import RoPE
 
 REMAT_POLICIES = {
     'full': None,  # save nothing: recompute the whole block in the backward pass

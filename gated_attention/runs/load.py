@@ -78,7 +78,7 @@ def read_metrics(workdir: str, *, every_row: bool = False) -> list[dict]:
 
 def checkpointer(workdir: str):
   """The run's checkpoints, opened read-only (checkpoint.Checkpointer)."""
-  from gated_attention import checkpoint  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import checkpoint  # pylint: disable=g-import-not-at-top
   return checkpoint.Checkpointer(workdir, read_only=True)
 
 
@@ -180,7 +180,7 @@ def load_run(workdir: str, step: int | None = None, config=None) -> Run:
   YaRN), instead of the saved one."""
   config = read_config(workdir) if config is None else config
   step = pick_step(workdir, step)
-  from gated_attention import train as train_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import train as train_lib  # pylint: disable=g-import-not-at-top
   mesh = build_mesh(config)
   setup = train_lib.Setup(config, mesh)
   params = restore_params(setup, workdir, step)
@@ -191,7 +191,7 @@ def load_run(workdir: str, step: int | None = None, config=None) -> Run:
 
 def init_run(config, seed: int | None = None) -> Run:
   """A Run for a freshly initialised (untrained) model of `config`: no workdir, no metrics."""
-  from gated_attention import train as train_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import train as train_lib  # pylint: disable=g-import-not-at-top
   mesh = build_mesh(config)
   setup = train_lib.Setup(config, mesh)
   params, _ = setup.init(config.seed if seed is None else seed)
@@ -203,7 +203,7 @@ def init_run(config, seed: int | None = None) -> Run:
 def _inspect_fn():
   """train.inspect_step compiled once per model structure (graphdefs hash by value)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from gated_attention import train as train_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import train as train_lib  # pylint: disable=g-import-not-at-top
   return jax.jit(train_lib.inspect_step, static_argnames='graphdef')
 
 

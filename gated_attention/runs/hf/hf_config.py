@@ -16,8 +16,8 @@ import ml_collections
 import numpy as np
 
 from configs import base as base_config
-from gated_attention.hf.errors import HFExportError, HFFormatError
-from gated_attention.hf.layout import Dims
+from gated_attention.runs.hf.errors import HFExportError, HFFormatError
+from gated_attention.runs.hf.layout import Dims
 
 ARCHITECTURE = 'Qwen3ForCausalLM'
 GATE_KEYS = {'headwise': 'headwise_attn_output_gate', 'elementwise': 'elementwise_attn_output_gate'}
@@ -58,7 +58,7 @@ def rope_from_hf(hf: dict) -> tuple[float, dict]:
     return theta, dict(type='none', factor=1.0, original_max_len=4096)
   if kind != 'yarn':
     _refuse('rope_scaling.rope_type', kind, 'only default RoPE and YaRN are supported '
-            '(gated_attention/rope.py).')
+            '(gated_attention/model/rope.py).')
   orig = rs.get('original_max_position_embeddings') or hf.get('max_position_embeddings')
   factor = rs.get('factor') or hf['max_position_embeddings'] / orig
   default_attention = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
@@ -66,7 +66,7 @@ def rope_from_hf(hf: dict) -> tuple[float, dict]:
                   ('mscale_all_dim', (None, 0)), ('truncate', (None, True))):
     if rs.get(key) not in ok:
       _refuse(f'rope_scaling.{key}', rs.get(key), f'YaRN is implemented with {key} in '
-              f'{[v for v in ok if v is not None]} only (gated_attention/rope.py).')
+              f'{[v for v in ok if v is not None]} only (gated_attention/model/rope.py).')
   if rs.get('attention_factor') is not None and not math.isclose(rs['attention_factor'],
                                                                  default_attention):
     _refuse('rope_scaling.attention_factor', rs['attention_factor'],

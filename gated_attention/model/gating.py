@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gated_attention.errors import ConfigError
-from gated_attention.layers import Inspectable, project
+from gated_attention.model.layers import Inspectable, project
 
 POSITIONS = ('none', 'g1', 'g2', 'g3', 'g4', 'g5')
 KINDS = ('gate', 'rmsnorm', 'silu_noparam')

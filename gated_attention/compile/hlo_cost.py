@@ -15,7 +15,7 @@ once-counted costs measured here.
 import math
 import re
 
-from gated_attention import kernel_cost
+from gated_attention.compile import kernel_cost
 
 COLLECTIVES = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute')
 _DTYPE_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's4': .5, 'u4': .5, 'bf16': 2, 'f16': 2, 's16': 2,

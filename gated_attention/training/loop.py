@@ -22,14 +22,15 @@ import time
 import jax
 
 import input_pipeline
-from gated_attention import checkpoint as ckpt_lib
-from gated_attention import workdir as workdir_lib
-from gated_attention import evaluate as eval_lib
-from gated_attention import model as model_lib
-from gated_attention import prefetch, sharding, stability
-from gated_attention import train as train_lib
+from gated_attention.runs import checkpoint as ckpt_lib
+from gated_attention.runs import rundir as workdir_lib
+from gated_attention.training import evaluate as eval_lib
+from gated_attention.model import transformer as model_lib
+from gated_attention.training import prefetch, stability
+from gated_attention import sharding
+from gated_attention.training import train as train_lib
 from gated_attention.errors import CheckpointError, ConfigError, UserError
-from gated_attention.reporting import MetricsWriter, Progress, Throughput
+from gated_attention.training.reporting import MetricsWriter, Progress, Throughput
 
 
 class TrainingStopped(UserError):

@@ -59,8 +59,8 @@ def _saved(config, model_cfg, num_layers: int, remat: str, batch: int) -> list:
   from flax import nnx  # pylint: disable=g-import-not-at-top
   # JAX has no public API that returns the saved residuals (jax.ad_checkpoint only prints them).
   from jax._src import ad_checkpoint  # pylint: disable=g-import-not-at-top
-  from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
-  from gated_attention import train  # pylint: disable=g-import-not-at-top
+  from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import train  # pylint: disable=g-import-not-at-top
 
   model_cfg = dataclasses.replace(model_cfg, num_layers=num_layers, remat=remat)
   graphdef, state = nnx.split(model_lib.abstract_model(model_cfg))
@@ -184,7 +184,7 @@ def _fsdp_transient(setup, mesh_shape) -> int:
   for the forward and backward, plus that layer's float32 gradient before it is
   reduce-scattered; 0 when nothing is FSDP-sharded."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from gated_attention import model as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   _, state = nnx.split(model_lib.abstract_model(setup.model_cfg))
   layer_whole, gathered = 0, False
   for path, v in jax.tree_util.tree_leaves_with_path(
@@ -223,7 +223,7 @@ def _fit(out, config, setup, device_bytes, state_total, configured, micro_batch)
 
 def _attention_note(config, model_cfg) -> str:
   """Which attention core the activations were traced with, and what it keeps."""
-  from gated_attention import attention_kernels  # pylint: disable=g-import-not-at-top
+  from gated_attention.model import attention_kernels  # pylint: disable=g-import-not-at-top
   m = model_cfg
   impl = attention_kernels.choose(
       m.attention_impl, m.platform or jax.default_backend(), m.compute_dtype,
@@ -237,7 +237,7 @@ def _attention_note(config, model_cfg) -> str:
 
 def report(config) -> dict:
   """Per-device bytes (and GiB) of parameters, optimizer state, gradients and activations."""
-  from gated_attention import train  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import train  # pylint: disable=g-import-not-at-top
   num_devices = int(config.memory.get('num_devices', 0) or 0) or jax.device_count()
   mesh = sharding.abstract_mesh(config.mesh, num_devices)
   mesh_shape = dict(mesh.shape)

@@ -54,7 +54,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import grouped_matmul, moe_parallel, sharding
+from gated_attention.model import grouped_matmul, moe_parallel
+from gated_attention import sharding
 from gated_attention.errors import ConfigError
 
 

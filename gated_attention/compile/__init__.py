@@ -1,0 +1,1 @@
+"""Compilation without running: per-device memory, TPU ahead-of-time compilation and cost models, chip tables."""

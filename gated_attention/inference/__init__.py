@@ -1,0 +1,1 @@
+"""Using a trained model: sampling with a KV cache, long-context evaluation."""

@@ -1,0 +1,1 @@
+"""The model: its typed config, the gate, attention and its kernels, layers, RoPE, MoE, the Transformer."""

@@ -1,0 +1,1 @@
+"""The run directory: its files and saved config, checkpoints, opening a run, Hugging Face import and export."""
