@@ -14,7 +14,6 @@
 Any config field can be overridden: --config.train.steps=100 --config.model.num_layers=2.
 """
 
-import json
 import os
 import sys
 import textwrap
@@ -22,8 +21,8 @@ import textwrap
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from gated_attention import modes
 from gated_attention.errors import UserError
-
 
 
 def _fail(message: str):
@@ -48,9 +47,8 @@ try:  # the override flags (--config.x.y=...) are typed against the default conf
 except (AttributeError, KeyError, TypeError, ValueError) as error:
   _bad_override(error)
 flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, metrics, analysis.')
-flags.DEFINE_enum('mode', 'train', ['train', 'params', 'analyze', 'compare', 'memory', 'compile',
-                                     'import', 'export', 'sample', 'long_context'],
-                  'What to do.')
+flags.DEFINE_enum('mode', 'train', list(modes.MODES),
+                  'What to do: ' + '; '.join(f'{m.name}: {m.help}' for m in modes.MODES.values()))
 flags.DEFINE_string('topology', None, '--mode=compile: a TPU topology name, e.g. v5p:4x4x4.')
 flags.DEFINE_string('out', None, '--mode=compare: output directory (default: compare/); '
                     '--mode=export: the Hugging Face directory to write.')
@@ -64,7 +62,8 @@ flags.DEFINE_integer('max_new_tokens', 128, '--mode=sample: tokens to generate p
 flags.DEFINE_float('temperature', 0.0, '--mode=sample: 0 is greedy; above 0 samples.')
 flags.DEFINE_float('top_p', 1.0, '--mode=sample: nucleus sampling keeps this probability mass.')
 flags.DEFINE_integer('sample_seed', 0, '--mode=sample: the seed of the samples.')
-flags.DEFINE_integer('step', None, '--mode=sample: the checkpoint step (default: the latest).')
+flags.DEFINE_integer('step', None, '--mode=sample / export: the checkpoint step (default: the '
+                     'latest).')
 FLAGS = flags.FLAGS
 
 
@@ -94,27 +93,11 @@ def main(argv):
   from gated_attention import console  # pylint: disable=g-import-not-at-top
   try:
     with console.without_event_loop_noise():
-      dispatch(FLAGS.config, argv[1:])
+      dispatch(_args(argv[1:]))
   except UserError as e:  # a setting, file or run directory that cannot work: one paragraph
     if FLAGS.verbosity >= 1 or os.environ.get('GATED_ATTENTION_TRACEBACK'):
       raise
     _fail(f'Error ({type(e).__name__}): {e}')
-
-
-def _train_config(config, workdir: str):
-  """The --config given; without one, a workdir that holds a run continues with its saved
-  config (plus the command line's --config.x overrides)."""
-  saved = os.path.join(workdir, 'config.json')
-  if FLAGS['config'].present or not os.path.isfile(saved):
-    return config
-  from configs import from_run  # pylint: disable=g-import-not-at-top
-  resumed = from_run.get_config(saved)
-  overrides = dict(getattr(FLAGS['config'], 'override_values', None) or {})
-  resumed.update_from_flattened_dict(overrides)
-  print(f'No --config given: continuing with the saved config of {workdir} '
-        f'({resumed.variant}:{resumed.scale}{", with overrides " if overrides else ""}'
-        f'{", ".join(f"{k}={v}" for k, v in overrides.items())}).', flush=True)
-  return resumed
 
 
 def _libraries_log_to(log_dir: str):
@@ -130,63 +113,33 @@ def _libraries_log_to(log_dir: str):
   std_logging.raiseExceptions = False  # a full disk: no "--- Logging error ---" on the console
 
 
-def _interop():
-  from gated_attention.runs.hf import interop as rundir  # pylint: disable=g-import-not-at-top
-  if FLAGS.mode == 'import':
-    if not FLAGS.hf:
-      sys.exit('--mode=import needs --hf=DIR, a local Hugging Face model directory.')
-    overrides = dict(getattr(FLAGS['config'], 'override_values', None) or {})
-    print(json.dumps(rundir.import_run(FLAGS.hf, FLAGS.workdir, overrides=overrides), indent=1))
-  else:
-    if not FLAGS.out:
-      sys.exit('--mode=export needs --out=DIR, the Hugging Face directory to write.')
-    print(json.dumps(rundir.export_run(FLAGS.workdir, FLAGS.out, dtype=FLAGS.export_dtype,
-                                       remote_code_dir=FLAGS.remote_code_dir), indent=1))
+def _args(rest) -> modes.Args:
+  """The command line, parsed once, as the modes' explicit arguments."""
+  flag = FLAGS['config']
+  return modes.Args(
+      config=FLAGS.config, config_given=bool(flag.present),
+      overrides=dict(getattr(flag, 'override_values', None) or {}), workdir=FLAGS.workdir,
+      runs=tuple(rest), topology=FLAGS.topology, out=FLAGS.out, hf=FLAGS.hf,
+      export_dtype=FLAGS.export_dtype, remote_code_dir=FLAGS.remote_code_dir,
+      prompts=tuple(FLAGS.prompt), max_new_tokens=FLAGS.max_new_tokens,
+      temperature=FLAGS.temperature, top_p=FLAGS.top_p, sample_seed=FLAGS.sample_seed,
+      step=FLAGS.step)
 
 
-def dispatch(config, rest):
-  if rest and FLAGS.mode != 'compare':
-    sys.exit(f'Unexpected arguments {rest}; only --mode=compare takes run directories.')
-  if FLAGS.mode == 'params':
-    from gated_attention.model import transformer as model  # pylint: disable=g-import-not-at-top
-    from gated_attention.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
-    print(json.dumps(model.param_report(ModelConfig.from_config(config.model))))
-  elif FLAGS.mode == 'memory':
-    from gated_attention.compile import memory  # pylint: disable=g-import-not-at-top
-    print(json.dumps(memory.report(config), indent=2))
-  elif FLAGS.mode == 'compile':
-    from gated_attention.compile import aot  # pylint: disable=g-import-not-at-top
-    print(json.dumps(aot.report(config, FLAGS.topology), indent=2))
-  elif FLAGS.mode == 'compare':
-    from gated_attention.analysis import compare  # pylint: disable=g-import-not-at-top
-    if not rest:
-      sys.exit('--mode=compare needs run directories: main.py --mode=compare RUN1 RUN2 ...')
-    print(compare.compare(rest, FLAGS.out or 'compare'))
-  else:
-    if not FLAGS.workdir:
-      sys.exit(f'--workdir is required for --mode={FLAGS.mode} (for example --workdir=runs/g1).')
-    if FLAGS.mode in ('import', 'export'):
-      return _interop()
+def dispatch(args: modes.Args):
+  """Runs the mode of --mode (modes.MODES, one module each)."""
+  mode = modes.MODES[FLAGS.mode]
+  if args.runs and not mode.takes_runs:
+    sys.exit(f'Unexpected arguments {list(args.runs)}; only --mode=compare takes run '
+             'directories.')
+  if mode.needs_workdir and not args.workdir:
+    sys.exit(f'--workdir is required for --mode={mode.name} (for example --workdir=runs/g1).')
+  if mode.distributed:
     from gated_attention import distributed  # pylint: disable=g-import-not-at-top
-    distributed.initialize(config.distributed)
-    if FLAGS.mode == 'train' and not FLAGS['verbosity'].present:
-      _libraries_log_to(os.path.join(FLAGS.workdir, 'logs'))
-    if FLAGS.mode == 'train':
-      from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
-      loop.run(_train_config(config, FLAGS.workdir), FLAGS.workdir)
-    elif FLAGS.mode == 'sample':
-      from gated_attention.inference import generate  # pylint: disable=g-import-not-at-top
-      generate.sample_command(
-          FLAGS.workdir, FLAGS.prompt, max_new_tokens=FLAGS.max_new_tokens,
-          temperature=FLAGS.temperature, top_p=FLAGS.top_p, seed=FLAGS.sample_seed,
-          overrides=dict(getattr(FLAGS['config'], 'override_values', None) or {}), step=FLAGS.step)
-    elif FLAGS.mode == 'long_context':
-      from gated_attention.inference import long_context  # pylint: disable=g-import-not-at-top
-      long_context.run(FLAGS.workdir, overrides=dict(
-          getattr(FLAGS['config'], 'override_values', None) or {}))
-    else:
-      from gated_attention.analysis import analyze  # pylint: disable=g-import-not-at-top
-      analyze.run(config, FLAGS.workdir)
+    distributed.initialize(args.config.distributed)
+  if mode.name == 'train' and not FLAGS['verbosity'].present:
+    _libraries_log_to(os.path.join(args.workdir, 'logs'))
+  mode.load().main(args)
 
 
 if __name__ == '__main__':

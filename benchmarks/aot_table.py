@@ -187,7 +187,7 @@ that compiles but exceeds HBM is flagged too, with the program's largest arrays.
         --config.mesh.fsdp=4 --config.mesh.data=2    # any mesh; one axis may be -1
 
 Topology names are libtpu's: `v5p:2x2x1` (4 chips) ... `v5p:8x8x8`, `v5e:4x4` (`v5litepod:` is
-accepted), `v6e:2x2`, `v4:2x2x2`. Chip figures (`gated_attention/compile/chips.py`, sources in the comments):
+accepted), `v6e:2x2`, `v4:2x2x2`. Chip figures (`gated_attention/chips.py`, sources in the comments):
 
 | chip | peak bf16 | HBM | HBM bandwidth |
 |---|---|---|---|
@@ -239,7 +239,7 @@ How to read the numbers:
 def write_doc(tables, attempts_by_row, cache, args):
   os.makedirs(os.path.dirname(DOC), exist_ok=True)
   sys.path.insert(0, ROOT)
-  from gated_attention.compile import chips as chip_table  # pylint: disable=g-import-not-at-top
+  from gated_attention import chips as chip_table  # pylint: disable=g-import-not-at-top
   chips_tbl = '\n'.join(f'| {k} | {v["peak_bf16_flops"] / 1e12:.0f} TFLOP/s | '
                         f'{v["hbm_bytes"] / 2**30:.0f} GiB | {v["hbm_bandwidth"] / 1e9:.0f} GB/s |'
                         for k, v in chip_table.CHIPS.items() if k in chip_table.TPU_CHIPS)

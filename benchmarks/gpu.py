@@ -9,7 +9,7 @@ Each model runs in its own subprocess, so its peak memory is its own (the device
 memory_stats()['peak_bytes_in_use']) and an out-of-memory batch is retried at half the size
 (down to 1). Reported: tokens/s, achieved TFLOP/s (model.train_flops_per_token: 6 x the matmul
 parameters + causal attention, without the remat recomputation), MFU against the chip's dense
-bf16 peak (gated_attention/compile/chips.py: A100 / H100 / H200 SXM), peak GiB. The defaults take about
+bf16 peak (gated_attention/chips.py: A100 / H100 / H200 SXM), peak GiB. The defaults take about
 5 minutes on an H100 / H200 (mostly the 1.7B model's compilation); `--budget_s` skips the models
 that would start after it.
 
@@ -111,7 +111,7 @@ def measure(model: str, variant: str, batch: int, steps: int) -> dict:
   """In this process (a child): compile, time `steps` steps; the row of the report."""
   import jax  # pylint: disable=g-import-not-at-top
   import throughput  # pylint: disable=g-import-not-at-top  (benchmarks/throughput.py)
-  from gated_attention.compile import chips  # pylint: disable=g-import-not-at-top
+  from gated_attention import chips  # pylint: disable=g-import-not-at-top
   require_gpu(jax.default_backend(), jax.devices())
   device = jax.devices()[0]
   start = time.perf_counter()

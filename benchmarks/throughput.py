@@ -21,7 +21,7 @@ Interleaving matters here: on a shared 2-core machine the speed drifts by 20-40%
 started after the JAX one measures a different machine. Neither library computes while the
 other does; their thread pools only idle (torch's OpenMP threads spin for a moment first).
 `--compare_cpu_options` adds each variant compiled with XLA's default options rather than the
-project's (train.CPU_COMPILER_OPTIONS), to the same round-robin.
+project's (runs/factory.py CPU_COMPILER_OPTIONS), to the same round-robin.
 
   python benchmarks/throughput.py [--shape=a|b] [--steps=10] [--rounds=5]
                                   [--variants=baseline,g1_headwise,g1_elementwise] [--pytorch]
@@ -166,7 +166,7 @@ def main():
                       help='time the separate gate projection (model.fused_gate_projection=False)')
   parser.add_argument('--compare_cpu_options', action='store_true',
                       help="also time each variant compiled with XLA's default options instead "
-                           'of train.CPU_COMPILER_OPTIONS (rows "<variant> (XLA defaults)")')
+                           'of factory.CPU_COMPILER_OPTIONS (rows "<variant> (XLA defaults)")')
   parser.add_argument('--pytorch', action='store_true',
                       help='also time benchmarks/reference_pytorch.py, interleaved, and print the ratio')
   args = parser.parse_args()

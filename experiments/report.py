@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from gated_attention.analysis import metrics as metrics_lib
 from gated_attention.analysis import plots
-from gated_attention.runs import load as runs_lib
+from gated_attention.runs import rundir as runs_lib
 
 RUNNER_FILE = 'runner.json'
 FIGURES = ('f_attn_layers.png', 'm_act_layers.png', 'loss_curves.png')

@@ -102,7 +102,7 @@ def _failure(log_path: str, rc: int) -> str:
 
 
 def _trained(workdir: str) -> bool:
-  from gated_attention.runs import load as runs_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import rundir as runs_lib  # pylint: disable=g-import-not-at-top
   try:
     steps = runs_lib.read_config(workdir).train.steps
   except ValueError:

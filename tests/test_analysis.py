@@ -25,9 +25,11 @@ from flax import nnx
 from configs import base
 from gated_attention.model import attention, gating
 from gated_attention.model import transformer as model_lib
-from gated_attention.training import train as train_lib
-from gated_attention.analysis import analyze, compare, metrics
-from gated_attention.runs import load as runs
+from gated_attention.analysis import analyze, attention_maps, metrics
+from gated_attention.modes import analyze as analyze_mode
+from gated_attention.modes import compare
+from gated_attention.runs import factory
+from gated_attention.runs import rundir as runs
 from tests.jax_helpers import model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,10 +81,10 @@ _JITTED = {}  # id(model) -> (model, jitted inspect step); the model is kept so 
 
 
 def _run_inspect(model, tokens):
-  """train.inspect_step (what the analysis runs) on `tokens`; numpy outputs."""
+  """factory.inspect_step (what the analysis runs) on `tokens`; numpy outputs."""
   graphdef, state = nnx.split(model)
   if id(model) not in _JITTED:
-    _JITTED[id(model)] = (model, jax.jit(functools.partial(train_lib.inspect_step,
+    _JITTED[id(model)] = (model, jax.jit(functools.partial(factory.inspect_step,
                                                            graphdef=graphdef)))
   fn = _JITTED[id(model)][1]
   return jax.device_get(fn(nnx.to_pure_dict(state), {'inputs': jnp.asarray(tokens, jnp.int32)}))
@@ -284,24 +286,24 @@ def test_pool_gate_and_sparsity_weighted_and_histograms_summed():
 
 def test_analysis_config_overrides():
   saved = base.get_config('tiny')
-  cfg = analyze.analysis_config(saved, {'data.val_batches': 7, 'train.batch_size': 4,
+  cfg = runs.evaluation_config(saved, {'data.val_batches': 7, 'train.batch_size': 4,
                                         'model.dtype': 'bfloat16'})
   assert (cfg.data.val_batches, cfg.train.batch_size, cfg.model.dtype) == (7, 4, 'bfloat16')
   assert saved.data.val_batches != 7                     # the saved config is not modified
-  yarn = analyze.analysis_config(saved, {'model.rope_base': 5e5, 'model.rope_scaling.type': 'yarn',
+  yarn = runs.evaluation_config(saved, {'model.rope_base': 5e5, 'model.rope_scaling.type': 'yarn',
                                          'model.rope_scaling.factor': 4.0})
   assert (yarn.model.rope_base, yarn.model.rope_scaling.type) == (5e5, 'yarn')  # context extension
-  with pytest.raises(analyze.AnalysisError, match='model.num_layers'):
-    analyze.analysis_config(saved, {'model.num_layers': 3})
-  with pytest.raises(analyze.AnalysisError, match='tokenizer'):
-    analyze.analysis_config(saved, {'data.tokenizer': 'x.model'})
-  assert analyze._map_layers('', 4) == [0, 2, 3]
-  assert analyze._map_layers('0,-1', 4) == [0, 3]
-  assert analyze._map_layers([1], 2) == [1]
+  with pytest.raises(runs.RunError, match='model.num_layers'):
+    runs.evaluation_config(saved, {'model.num_layers': 3})
+  with pytest.raises(runs.RunError, match='tokenizer'):
+    runs.evaluation_config(saved, {'data.tokenizer': 'x.model'})
+  assert analyze.map_layers('', 4) == [0, 2, 3]
+  assert analyze.map_layers('0,-1', 4) == [0, 3]
+  assert analyze.map_layers([1], 2) == [1]
   with pytest.raises(analyze.AnalysisError):
-    analyze._map_layers('5', 4)
+    analyze.map_layers('5', 4)
   with pytest.raises(analyze.AnalysisError, match='Unknown analysis options'):
-    analyze._options(None, {}, {'bogus': 1})
+    analyze.options(None, {}, {'bogus': 1})
 
 
 def test_read_metrics_dedups_resumed_steps(tmp_path):
@@ -316,11 +318,11 @@ def test_read_metrics_dedups_resumed_steps(tmp_path):
 
 def test_refuses_dirs_without_config_or_checkpoint(tmp_path):
   with pytest.raises(runs.RunError, match='config.json'):
-    analyze.run(None, str(tmp_path))
+    analyze_mode.run(str(tmp_path))
   with open(tmp_path / 'config.json', 'w') as f:
     f.write(base.get_config('tiny').to_json())
   with pytest.raises(analyze.AnalysisError, match='no finished checkpoint'):
-    analyze.run(None, str(tmp_path))
+    analyze_mode.run(str(tmp_path))
   with pytest.raises(runs.RunError, match='no finished checkpoint'):
     runs.load_run(str(tmp_path))
   with pytest.raises(runs.RunError, match='not a directory'):
@@ -350,7 +352,7 @@ def make_tiny_run(workdir: str, analyse: bool = True) -> str:
   if runs.latest_step(workdir) is None:
     loop.run(tiny_run_config(), workdir)
   if analyse and not os.path.isfile(os.path.join(workdir, 'analysis', 'report.json')):
-    analyze.run(None, workdir)
+    analyze_mode.run(workdir)
   return workdir
 
 
@@ -360,7 +362,7 @@ def tiny_run(tmp_path_factory):
 
 
 def test_end_to_end_analyze_and_compare(tiny_run, tmp_path):
-  report = analyze.run(None, tiny_run, overrides={'data.val_batches': 3},
+  report = analyze_mode.run(tiny_run, overrides={'data.val_batches': 3},
                        options={'attn_map_layers': '1'})
   out = os.path.join(tiny_run, 'analysis')
   for name in ('report.json', 'f_attn.png', 'm_act.png', 'gate.png', 'sparsity.png',
@@ -390,7 +392,7 @@ def test_end_to_end_analyze_and_compare(tiny_run, tmp_path):
   # the checkpoint opened for notebooks; the attention map of typed text
   run = runs.load_run(tiny_run)
   assert run.step == 6 and run.config.variant == 'g1_elementwise' and run.metrics
-  am = runs.attention_map(run.model, run.tokenizer, 'hello')
+  am = attention_maps.attention_map(run.model, run.tokenizer, 'hello')
   assert am['tokens'][0] == '<bos>' and len(am['tokens']) == 6
   assert am['maps'].shape == (L, 6, 6)
   np.testing.assert_allclose(am['maps'].sum(-1), 1.0, rtol=1e-5)

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import pytest
 
 from configs import g1_elementwise
-from gated_attention.compile import aot, chips, hlo_cost
+from gated_attention import chips
+from gated_attention.compile import aot, hlo_cost
 from gated_attention.model import transformer as model_lib
 from tests.jax_helpers import model_config
 

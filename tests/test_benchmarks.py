@@ -83,7 +83,7 @@ def test_gpu_benchmark_model_sizes(gpu):
 
 
 def test_gpu_mfu_against_chip_peaks(gpu):
-  from gated_attention.compile import chips  # pylint: disable=g-import-not-at-top
+  from gated_attention import chips  # pylint: disable=g-import-not-at-top
   h200 = chips.chip_spec('NVIDIA H200')
   assert h200['chip'] == 'h200' and h200['peak_bf16_flops'] == 989.5e12    # 1,979 sparse / 2
   assert chips.chip_spec('NVIDIA H100 80GB HBM3')['peak_bf16_flops'] == 989.5e12

@@ -28,7 +28,7 @@ from orbax.checkpoint._src.checkpointers import async_checkpointer
 from gated_attention.runs import checkpoint as ckpt_lib
 from gated_attention.training import loop
 from gated_attention.analysis import metrics as metrics_lib
-from gated_attention.runs import load as runs_lib
+from gated_attention.runs import rundir as runs_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 30

@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from gated_attention.inference import generate
+from gated_attention.modes import sample
 from gated_attention.model import transformer as model
 from tests import reference as ref
 from tests.jax_helpers import model_config, perturb
@@ -183,5 +184,4 @@ def test_sample_mode_on_a_trained_run(tmp_path_factory):
   assert "--- 'Hello' ->" in res.stdout and "--- 'ab' ->" in res.stdout
   assert 'g1_elementwise step 6:' in res.stdout
   with pytest.raises(ValueError, match='model.num_heads'):
-    generate.sample_command(run_dir, ['Hello'], max_new_tokens=2,
-                            overrides={'model.num_heads': 8})
+    sample.sample(run_dir, ['Hello'], max_new_tokens=2, overrides={'model.num_heads': 8})

@@ -392,13 +392,13 @@ def imported(tmp_path_factory):
 def test_import_writes_a_run_that_analyze_opens_with_the_reference_f_attn(imported):
   """--mode=analyze on the imported run, on held-out windows equal to the fixture's first
   sequence: its per-layer F-Attn is the reference model's (transformers, eager attention)."""
-  from gated_attention.analysis import analyze  # pylint: disable=g-import-not-at-top
-  from gated_attention.runs import load as runs
+  from gated_attention.modes import analyze  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import rundir as runs  # pylint: disable=g-import-not-at-top
   workdir, data, ref, summary = imported
   assert summary['variant'] == 'g1_headwise' and summary['step'] == 0
   assert runs.checkpoint_steps(workdir) == [0]
   T = ref['tokens'].shape[1]
-  report = analyze.run(None, workdir, overrides={
+  report = analyze.run(workdir, overrides={
       'data.source': 'jsonl', 'data.path': data, 'data.seq_len': T, 'data.val_batches': 2,
       'train.batch_size': 2})
   assert report['variant'] == 'g1_headwise' and report['gate_score_mean'] is not None
@@ -413,7 +413,7 @@ def test_imported_run_trains_from_its_weights(imported, tmp_path):
   import shutil  # pylint: disable=g-import-not-at-top
   from configs import from_run  # pylint: disable=g-import-not-at-top
   from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
-  from gated_attention.runs import load as runs  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import rundir as runs  # pylint: disable=g-import-not-at-top
   workdir, data, _, _ = imported
   run = str(tmp_path / 'finetune')
   shutil.copytree(workdir, run)

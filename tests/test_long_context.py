@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import extend_context
-from gated_attention.inference import long_context
+from gated_attention.modes import long_context
 from tests.test_analysis import ROOT, make_tiny_run
 
 

@@ -16,6 +16,7 @@ from gated_attention.runs import checkpoint as ckpt_lib
 from gated_attention.runs import rundir as workdir_lib
 from gated_attention.training import loop
 from gated_attention import sharding
+from gated_attention.runs import factory
 from gated_attention.training import train as train_lib
 import input_pipeline
 
@@ -121,7 +122,7 @@ def test_grad_accumulation_matches_one_big_batch():
 
 
 def test_cpu_compiler_options_take_effect_and_keep_the_numbers():
-  """train.CPU_COMPILER_OPTIONS (YNNPACK for matmuls only) reach XLA, so the compiled step has
+  """factory.CPU_COMPILER_OPTIONS (YNNPACK for matmuls only) reach XLA, so the compiled step has
   fewer YNNPACK fusions than with XLA's defaults, and the step's loss, gradient norm and new
   parameters agree to float32 rounding."""
   rng = np.random.default_rng(2)
@@ -140,7 +141,7 @@ def test_cpu_compiler_options_take_effect_and_keep_the_numbers():
                  .count('__ynn_fusion'))
       params, _, metrics = setup.train_step(params, opt, b, 1.0)
     results.append((jax.device_get(params), jax.device_get(metrics)))
-  assert train_lib.CPU_COMPILER_OPTIONS and 0 < ynn[0] < ynn[1], ynn
+  assert factory.CPU_COMPILER_OPTIONS and 0 < ynn[0] < ynn[1], ynn
   (p0, m0), (p1, m1) = results
   assert m0['loss'] == pytest.approx(m1['loss'], rel=1e-6)
   assert m0['grad_norm'] == pytest.approx(m1['grad_norm'], rel=1e-5)
@@ -280,10 +281,10 @@ def test_init_from_starts_a_new_run_from_another_runs_weights(trained, tmp_path,
 
 
 def test_document_mask_takes_the_data_tokenizers_bos():
-  assert train_lib.document_bos(tiny_config()) is None                       # off by default
-  assert train_lib.document_bos(tiny_config(**{'data.document_mask': True})) == 256   # byte BOS
+  assert factory.document_bos(tiny_config()) is None                       # off by default
+  assert factory.document_bos(tiny_config(**{'data.document_mask': True})) == 256   # byte BOS
   synthetic = tiny_config(**{'data.document_mask': True, 'data.source': 'synthetic'})
-  assert train_lib.document_bos(synthetic) == synthetic.data.synthetic.vocab
+  assert factory.document_bos(synthetic) == synthetic.data.synthetic.vocab
 
 
 def test_document_mask_changes_the_loss_only_when_on():

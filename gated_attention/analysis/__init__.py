@@ -1,11 +1,11 @@
-"""The attention-sink analysis: F-Attn, M-Act, gate scores, SDPA sparsity, perplexity.
+"""The analysis: statistics and figures of a model's attention sink, massive activations, gate
+scores and SDPA sparsity. It imports the model only; modes/ opens runs and calls it.
 
-  metrics.py   pooling the per-batch statistics of `Transformer(..., inspect=True)`; the report
-  analyze.py   --mode=analyze: a run's checkpoint on held-out batches -> RUN/analysis/
-  compare.py   --mode=compare: the paper's table and side-by-side figures for several runs
-  plots.py     the figures (matplotlib, Agg)
-  (opening a run read-only: gated_attention.runs.load)
+  metrics.py         pooling the per-batch statistics of `inspect(model, ...)`; the report
+  analyze.py         --mode=analyze's options, report.json and figures (RUN/analysis/)
+  compare.py         --mode=compare's table and side-by-side figures for several runs
+  plots.py           the figures (matplotlib, Agg)
+  attention_maps.py  attention_map(model, tokenizer, text) and token labels (the notebook)
 
-Submodules import JAX lazily enough for `compare` to stay cheap; import what you need:
-  from gated_attention.runs import load; run = load.load_run('runs/g1')
+Opening a run: `from gated_attention.runs import rundir; run = rundir.load_run('runs/g1')`.
 """

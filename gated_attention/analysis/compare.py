@@ -3,7 +3,8 @@ and side-by-side figures (per-layer F-Attn, per-layer M-Act, loss curves) for se
 
 Each run's numbers come from RUN/analysis/report.json (run `--mode=analyze` first). A run not
 analysed yet falls back to its last validation row in metrics.jsonl, which the training loop
-computes on the first held-out batch only; such rows are marked in the table.
+computes on the first held-out batch only; such rows are marked in the table. modes/compare.py
+reads the run directories; this module builds the rows, the table and the figures.
 
 Writes OUT/compare.md, OUT/compare.json, OUT/f_attn_per_layer.png, OUT/m_act_per_layer.png and
 OUT/loss_curves.png; returns the markdown.
@@ -13,7 +14,6 @@ import json
 import os
 
 from gated_attention.analysis import plots
-from gated_attention.runs import load as runs
 
 COLUMNS = ('variant', 'gate score', 'M-Act', 'F-Attn', 'PPL')
 _FALLBACK_MARK = '*'
@@ -23,17 +23,13 @@ def _fmt(x, spec):
   return '-' if x is None else format(x, spec)
 
 
-def run_summary(workdir: str) -> dict:
-  """One run's row: from its analysis report, else its last validation metrics."""
-  config = runs.read_config(workdir)
-  rows = runs.read_metrics(workdir)
-  out = {'workdir': workdir, 'variant': config.get('variant', os.path.basename(workdir)),
+def run_summary(workdir: str, variant: str, rows: list[dict], rep: dict | None) -> dict:
+  """One run's row: from its analysis report `rep`, else the last validation row of its
+  metrics `rows`."""
+  out = {'workdir': workdir, 'variant': variant,
          'metrics': rows, 'source': None, 'step': None, 'gate_score': None, 'm_act': None,
          'f_attn': None, 'ppl': None, 'f_attn_per_layer': None, 'm_act_per_layer': None}
-  report_path = os.path.join(workdir, runs.ANALYSIS_DIR, 'report.json')
-  if os.path.isfile(report_path):
-    with open(report_path) as f:
-      rep = json.load(f)
+  if rep is not None:
     out.update(source='analysis', step=rep.get('step'), gate_score=rep.get('gate_score_mean'),
                m_act=rep.get('m_act_mean'), f_attn=rep.get('f_attn_mean'), ppl=rep.get('ppl'),
                f_attn_per_layer=rep.get('f_attn'),
@@ -87,11 +83,11 @@ def markdown_table(summaries, names) -> str:
   return '\n'.join(lines) + '\n\n' + '\n'.join(f'- {n}' for n in notes) + '\n'
 
 
-def compare(run_dirs: list[str], out_dir: str) -> str:
-  """Writes the comparison of `run_dirs` into `out_dir`; returns the markdown table."""
-  if not run_dirs:
-    raise ValueError('compare() needs at least one run directory.')
-  summaries = [run_summary(d) for d in run_dirs]
+def compare(summaries: list[dict], out_dir: str) -> str:
+  """Writes the comparison of the runs' `summaries` (run_summary) into `out_dir`; returns the
+  markdown table."""
+  if not summaries:
+    raise ValueError('compare() needs at least one run.')
   names = _names(summaries)
   os.makedirs(out_dir, exist_ok=True)
   md = '# Gated-attention runs compared\n\n' + markdown_table(summaries, names)

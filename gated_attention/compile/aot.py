@@ -41,7 +41,7 @@ import tempfile
 import time
 
 from gated_attention.compile import hlo_cost
-from gated_attention.compile.chips import ALIASES, CHIPS, TPU_CHIPS
+from gated_attention.chips import ALIASES, CHIPS, TPU_CHIPS
 
 # libtpu, loaded on a machine without TPUs, otherwise prints warnings about the missing TPU
 # metadata and takes /tmp/libtpu_lockfile (then fails while any other JAX process holds it).

@@ -21,16 +21,11 @@ Attention runs through the KV cache in chunks of `chunk` tokens (generate.py): a
 [batch, heads, chunk, length] scores exist at once, never [length, length] per head.
 """
 
-import json
-import math
 import os
-import time
 
 import numpy as np
 
-from gated_attention.inference import generate
 from gated_attention.analysis import plots
-from gated_attention.runs import load as runs
 from gated_attention.errors import UserError
 from input_pipeline import ruler
 
@@ -41,7 +36,7 @@ class LongContextError(UserError, ValueError):
   pass
 
 
-def _lengths(opts, seq_len: int) -> list[int]:
+def evaluated_lengths(opts, seq_len: int) -> list[int]:
   spec = opts.lengths
   lengths = ([seq_len * m for m in (1, 2, 4, 8)] if not spec else
              [int(x) for x in str(spec).split(',') if x.strip()])
@@ -116,7 +111,7 @@ def ruler_accuracy(gen, data, tasks, lengths, count: int, seed: int, batch: int)
   return out
 
 
-def _table(report) -> str:
+def table(report) -> str:
   lengths = report['lengths']
   lines = [f'# {report["variant"]} step {report["step"]}, {report["rope_tag"]} '
            f'(trained at {report["train_seq_len"]} tokens)', '',
@@ -141,51 +136,10 @@ def _mean(values):
   return float(np.mean(values)) if values else None
 
 
-def _figures(report, out_dir):
+def figures(report, out_dir):
   fig = plots.long_context_loss_figure({report['rope_tag']: report},
                                        title=f'{report["variant"]}: loss by position')
   plots.save(fig, os.path.join(out_dir, 'loss_by_position.png'))
   if report['ruler']:
     fig = plots.ruler_figure(report['ruler'], title=f'{report["variant"]} {report["rope_tag"]}')
     plots.save(fig, os.path.join(out_dir, 'ruler.png'))
-
-
-def run(workdir: str, *, overrides: dict | None = None) -> dict:
-  """Evaluates the run's checkpoint (long_context.step, default latest) with the saved config and
-  the evaluation overrides; writes RUN/long_context/<tag>/ and returns the report."""
-  import input_pipeline  # pylint: disable=g-import-not-at-top
-  t0 = time.time()
-  overrides = dict(overrides or {})
-  cfg = generate.run_config(workdir, overrides)
-  opts = cfg.long_context
-  lengths = _lengths(opts, cfg.data.seq_len)
-  run_ = runs.load_run(workdir, None if opts.step < 0 else opts.step, config=cfg)
-  data = input_pipeline.build_data(cfg.data, global_batch_size=1, seed=cfg.seed)
-  gen = generate.Generator(run_.model, max_len=max(lengths) + 64, chunk=opts.chunk)
-  docs = long_documents(data, max(lengths) + 1, opts.docs)
-  report = {'workdir': os.path.abspath(workdir), 'variant': cfg.get('variant', ''),
-            'step': run_.step, 'train_seq_len': int(cfg.data.seq_len),
-            'rope_tag': rope_tag(run_.model_cfg), 'rope_base': run_.model_cfg.rope_base,
-            'rope_scaling': dict(cfg.model.rope_scaling), 'lengths': lengths,
-            'loss': loss_by_position(gen, docs, lengths, opts.batch_size)}
-  print(f'loss by position over {report["loss"]["documents"]} held-out documents: ' +
-        ', '.join(f'{b["from"]}-{b["to"]} {b["loss"]:.3f}' for b in report['loss']['buckets']),
-        flush=True)
-  tasks = ruler.parse_tasks(opts.tasks) if opts.tasks else ()
-  report['ruler'] = ruler_accuracy(gen, data, tasks, lengths, opts.examples, opts.seed,
-                                   opts.batch_size) if tasks and opts.examples else {}
-  report['examples_per_cell'] = int(opts.examples)
-  report['seconds'] = round(time.time() - t0, 1)
-  out_dir = os.path.join(workdir, OUT_DIR, opts.tag or report['rope_tag'])
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, 'report.json'), 'w') as f:
-    json.dump(report, f, indent=1, allow_nan=False)
-  table = _table(report)
-  with open(os.path.join(out_dir, 'long_context.md'), 'w') as f:
-    f.write(table)
-  _figures(report, out_dir)
-  print(table + f'({report["seconds"]:.0f}s) -> {out_dir}', flush=True)
-  if not all(math.isfinite(b['loss']) for b in report['loss']['buckets']):
-    print('Warning: a loss is not finite.')
-  return report
-

@@ -1,21 +1,45 @@
-"""The run directory: its config.json, and whether a config may run in it.
+"""The run directory: every file of a run, its saved config, and what may change on resume.
 
-A workdir whose saved config is incompatible with the current one (the model, the tokenizer) is
-refused, never overwritten (`check_or_write_config`); so is a resumption that changes what the
-data iterator's saved position depends on (seed, batch size, sequence length, the source ...),
-with the list of differences and two ways forward. A workdir that is a file or cannot be
-written is refused before any work (`check_workdir`).
+    RUN/config.json          the run's config (check_or_write_config writes it; read_config)
+    RUN/metrics.jsonl        one JSON row per log / eval / event (read_metrics)
+    RUN/checkpoints/<step>/  orbax checkpoints (checkpoint.py): {state, data}
+    RUN/analysis/            --mode=analyze's report.json and figures (read_report)
+    RUN/long_context/<tag>/  --mode=long_context's reports
+    RUN/logs/                the libraries' own log files during training
+
+Every mode, the notebook and the experiment runner open runs through this module:
+
+    run = load_run('runs/g1')                   # config, verified params, model, tokenizer, metrics
+    run = load_run('runs/g1', overrides={'model.rope_scaling.type': 'yarn', ...})
+
+Compatibility: a workdir whose saved config is incompatible with the current one (the model,
+the tokenizer) is refused, never overwritten (`check_or_write_config`); so is a resumption that
+changes what the data iterator's saved position depends on (seed, batch size, sequence length,
+the source ...), with the list of differences and two ways forward. A workdir that is a file or
+cannot be written is refused before any work (`check_workdir`). Evaluating a checkpoint
+(`evaluation_config`) may change what no parameter depends on (the data, batch sizes, the
+positions' encoding) and nothing else.
+
+Reading configs and metrics imports no JAX (--mode=compare stays fast); opening a run's
+parameters goes through the model factory (factory.py), which verifies the checkpoint.
 """
 
+import dataclasses
+import functools
 import json
 import os
 
-import jax
+import ml_collections
 
 from configs import base as base_config
-from gated_attention.errors import CheckpointError
+from gated_attention.errors import CheckpointError, UserError
 
 CONFIG_FILE = 'config.json'
+METRICS_FILE = 'metrics.jsonl'
+CHECKPOINTS_DIR = 'checkpoints'     # checkpoint.py's
+ANALYSIS_DIR = 'analysis'
+REPORT_FILE = 'report.json'
+LOGS_DIR = 'logs'
 # Config fields that may change between a run and its resumption (they do not change what the
 # checkpoint holds); any other difference in config.model or these data fields is refused.
 MODEL_FREE = ('remat', 'attention_impl', 'attention_block_q', 'attention_block_kv',
@@ -118,9 +142,248 @@ def check_or_write_config(workdir: str, config, *, resuming_data: bool = False):
           f'\nTo continue that run, use its saved config: --config=configs/from_run.py:{workdir}'
           ' (overrides that keep these values are fine). To train with the new settings from its '
           f'weights, use a new --workdir and --config.train.init_from={workdir}.')
+  import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, CONFIG_FILE)
     with open(path + '.tmp', 'w') as f:
       json.dump(config_dict, f, indent=2)
     os.replace(path + '.tmp', path)
+
+
+class RunError(UserError, ValueError):
+  """A run directory that cannot be opened; the message names the directory and the fix."""
+
+
+def read_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's saved config (config.json) as a ConfigDict, fields added since it was saved
+  at their defaults."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.isdir(workdir):
+    raise RunError(f'{workdir!r} is not a directory; pass the --workdir of a training run.')
+  if not os.path.isfile(path):
+    raise RunError(f'{workdir!r} has no {CONFIG_FILE}: it is not a training run directory (or the '
+                   'run never started). Train first: python main.py --config=configs/<variant>.py '
+                   f'--workdir={workdir}')
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except (OSError, ValueError) as e:
+    raise RunError(f'{path} is unreadable ({e}).') from e
+  return base_config.from_saved(saved)
+
+
+def read_metrics(workdir: str, *, every_row: bool = False) -> list[dict]:
+  """The rows of metrics.jsonl (each has 'step' and 'split'); [] when there is none.
+
+  A run resumed after a crash (or rolled back) repeats steps: a later row for the same (split,
+  step) replaces the earlier one, so curves have one point per step; with `every_row`, all rows
+  in file order (events such as loss spikes happened in every attempt). Unparseable (e.g.
+  truncated) lines are skipped.
+  """
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.isfile(path):
+    return []
+  rows = []
+  with open(path) as f:
+    for line in f:
+      try:
+        row = json.loads(line)
+      except ValueError:
+        continue
+      if isinstance(row, dict) and 'step' in row and 'split' in row:
+        rows.append(row)
+  if every_row:
+    return rows
+  latest = {(r['split'], r['step']): r for r in rows}
+  return sorted(latest.values(), key=lambda r: (r['step'], r['split']))
+
+
+def analysis_dir(workdir: str) -> str:
+  return os.path.join(workdir, ANALYSIS_DIR)
+
+
+def read_report(workdir: str) -> dict | None:
+  """RUN/analysis/report.json, if the analysis has been run."""
+  path = os.path.join(analysis_dir(workdir), REPORT_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """Steps of the finished checkpoints (unfinished orbax temporaries are ignored)."""
+  if not os.path.isdir(os.path.join(workdir, CHECKPOINTS_DIR)):
+    return []
+  from gated_attention.runs import checkpoint  # pylint: disable=g-import-not-at-top
+  ckpt = checkpoint.Checkpointer(workdir, read_only=True)
+  try:
+    return ckpt.all_steps()
+  finally:
+    ckpt.close()
+
+
+def latest_step(workdir: str) -> int | None:
+  steps = checkpoint_steps(workdir)
+  return steps[-1] if steps else None
+
+
+def pick_step(workdir: str, step: int | None, steps: list[int] | None = None) -> int:
+  """`step`, or the latest when None, among `steps` (default: the run's finished
+  checkpoints); a RunError naming the steps there are otherwise."""
+  steps = checkpoint_steps(workdir) if steps is None else steps
+  if not steps:
+    raise RunError(f'{workdir!r} has no finished checkpoint under {CHECKPOINTS_DIR}/: nothing to '
+                   'open. Train first (checkpoints are written every '
+                   'config.train.checkpoint_every steps and at the end) or pick another --workdir.')
+  if step is None:
+    return steps[-1]
+  if step not in steps:
+    raise RunError(f'{workdir!r} has no checkpoint at step {step}; it has {steps}.')
+  return step
+
+
+# --- evaluating a saved run -------------------------------------------------------------------
+
+def fixed_by_checkpoint(path: str) -> bool:
+  """Whether the checkpoint fixes this config field (the model's structure, the tokenizer)."""
+  parts = path.split('.')
+  return ((parts[0] == 'model' and parts[1] not in EVAL_FREE)
+          or path in tuple(f'data.{k}' for k in DATA_FIXED))
+
+
+def _saved_value(saved, path: str):
+  node = saved
+  for part in path.split('.'):
+    node = node[part]
+  return node
+
+
+def _saved_value_or_none(saved, path):
+  try:
+    return _saved_value(saved, path)
+  except (KeyError, AttributeError):
+    return None
+
+
+def evaluation_config(saved, overrides: dict) -> ml_collections.ConfigDict:
+  """The saved config with `overrides` ({'data.val_batches': 8, ...}) applied, for evaluating
+  its checkpoints (analysis, sampling, long context). Overrides of what the checkpoint fixes
+  must equal the saved values (every one that differs is listed), except a tokenizer where the
+  run saved none: an import of a directory without tokenizer.json, which any tokenizer that
+  fits the vocabulary may read. `analysis.*` options are not config fields here."""
+  cfg = ml_collections.ConfigDict(saved.to_dict())
+  flat, diffs = {}, []
+  for path, value in overrides.items():
+    if path.split('.')[0] == 'analysis':
+      continue
+    if fixed_by_checkpoint(path):
+      try:
+        same = _saved_value(saved, path) == value
+      except (KeyError, AttributeError):
+        same = False
+      unset = path == 'data.tokenizer' and _saved_value_or_none(saved, path) == ''
+      if not same and not unset:
+        diffs.append(path)
+        continue
+      if not unset:
+        continue
+    flat[path] = value
+  if diffs:
+    raise RunError(
+        'These overrides change what the checkpoint fixes (the model, or the tokenizer it was '
+        'trained on): ' + ', '.join(f'--config.{p}={overrides[p]!r} (saved: '
+                                    f'{_saved_value_or_none(saved, p)!r})' for p in diffs) +
+        f'. Drop them; only model.{", model.".join(EVAL_FREE)} and the data / batch '
+        'settings may differ from the run\'s saved config.')
+  try:
+    cfg.update_from_flattened_dict(flat)
+  except (KeyError, AttributeError, TypeError) as e:
+    raise RunError(f'Cannot apply the overrides {flat} to the run\'s config: {e}') from e
+  return cfg
+
+
+def build_mesh(config):
+  """The run's mesh; if it does not fit the devices here, plain data parallelism over them."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from gated_attention import sharding  # pylint: disable=g-import-not-at-top
+  try:
+    return sharding.build_mesh(config.mesh)
+  except ValueError as e:
+    print(f'Note: the run\'s mesh does not fit here ({e}); using data parallelism over '
+          f'{jax.device_count()} device(s).')
+    return sharding.build_mesh(ml_collections.ConfigDict(
+        dict(data=-1, fsdp=1, tensor=1, expert=1)))
+
+
+@dataclasses.dataclass
+class Run:
+  """An opened run: its config (saved, with the evaluation overrides), the model factory, the
+  parameters of checkpoint `step` (a pure dict on the factory's shardings), tokenizer and
+  metrics rows. `workdir` is None for `init_run`."""
+  workdir: str | None
+  config: ml_collections.ConfigDict
+  factory: object               # factory.ModelFactory
+  step: int | None
+  params: dict
+  tokenizer: object
+  metrics: list[dict]
+
+  @property
+  def model_cfg(self):
+    return self.factory.model_cfg
+
+  @property
+  def graphdef(self):
+    return self.factory.graphdef
+
+  @property
+  def mesh(self):
+    return self.factory.mesh
+
+  @functools.cached_property
+  def model(self):
+    """A Transformer (nnx) holding the parameters (the same object on every access)."""
+    return self.factory.merge(self.params)
+
+  @property
+  def analysis_dir(self) -> str | None:
+    return None if self.workdir is None else analysis_dir(self.workdir)
+
+  def report(self) -> dict | None:
+    """RUN/analysis/report.json, if the analysis has been run."""
+    return None if self.workdir is None else read_report(self.workdir)
+
+
+def _tokenizer(config):
+  import input_pipeline  # pylint: disable=g-import-not-at-top
+  return input_pipeline.data_tokenizer(config.data)
+
+
+def _factory(config):
+  from gated_attention.runs import factory  # pylint: disable=g-import-not-at-top
+  return factory.ModelFactory(config, build_mesh(config))
+
+
+def load_run(workdir: str, step: int | None = None, *, overrides: dict | None = None,
+             config=None) -> Run:
+  """Opens `workdir` read-only: saved config (with the evaluation `overrides`, see
+  `evaluation_config`), metrics rows, tokenizer and the verified parameters of checkpoint
+  `step` (default: the latest). `config`: a config already made by evaluation_config, instead
+  of the saved one with `overrides`."""
+  if config is None:
+    config = evaluation_config(read_config(workdir), overrides or {})
+  pick_step(workdir, step)
+  factory = _factory(config)
+  step, params = factory.restore(workdir, step)
+  return Run(workdir=workdir, config=config, factory=factory, step=step, params=params,
+             tokenizer=_tokenizer(config), metrics=read_metrics(workdir))
+
+
+def init_run(config, seed: int | None = None) -> Run:
+  """A Run for a freshly initialised (untrained) model of `config`: no workdir, no metrics."""
+  factory = _factory(config)
+  params = factory.init_params(config.seed if seed is None else seed)
+  return Run(workdir=None, config=config, factory=factory, step=0, params=params,
+             tokenizer=_tokenizer(config), metrics=[])

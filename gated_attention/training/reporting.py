@@ -10,7 +10,7 @@ import time
 import jax
 import numpy as np
 
-from gated_attention.compile import chips
+from gated_attention import chips
 from gated_attention.model import transformer as model_lib
 
 

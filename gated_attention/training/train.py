@@ -17,26 +17,14 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-import input_pipeline
+from gated_attention.errors import ConfigError
 from gated_attention.model import attention_kernels
 from gated_attention.model import transformer as model_lib
-from gated_attention import sharding
-from gated_attention.model.config import ModelConfig
-from gated_attention.errors import ConfigError
+from gated_attention.runs import factory as factory_lib
+from gated_attention.runs.factory import segment_ids
 
 NO_DECAY = ('scale', 'bias')  # norms' scales and biases are not weight-decayed
-
-# XLA:CPU options of the compiled train / eval / inspect steps on CPU meshes (none elsewhere).
-# YNNPACK computes the matmuls only, XLA's own loop fusions the elementwise code: YNNPACK's
-# elementwise fusions take every broadcast operand (a norm's scale, a row's rsqrt) materialised
-# at the activations' shape, one extra pass over [B, T, D] per operand. Training step, float32,
-# this option against XLA's default, both compiled in one process and interleaved
-# (benchmarks/throughput.py --compare_cpu_options): 0.92-0.97x the step time at issue 14's shape
-# a, 0.96x at shape b, the same numbers up to float32 rounding.
-CPU_COMPILER_OPTIONS = {'xla_cpu_experimental_ynn_fusion_type': 'LIBRARY_FUSION_TYPE_DOT'}
-
 
 def learning_rate_schedule(tc) -> optax.Schedule:
   """Linear warm-up to the peak, then cosine decay to the minimum at the last step."""
@@ -78,13 +66,6 @@ def _chunked_token_losses(h_BxTxD, kernel_DxV, targets_BxT, mask_BxT, chunk: int
   (ce_sum, z_sum), _ = jax.lax.scan(
       body, (zero, zero), (split(h_BxTxD), split(targets_BxT), split(mask_BxT)))
   return ce_sum, z_sum
-
-
-def segment_ids(batch, document_bos: int | None):
-  """The document ids [B, T] of the batch's inputs (document masking), or None."""
-  if document_bos is None:
-    return None
-  return model_lib.document_ids(batch['inputs'], document_bos)
 
 
 def loss_fn(params, graphdef, batch, tc, pooled=None, document_bos=None):
@@ -169,31 +150,6 @@ def eval_step(params, batch, *, graphdef, tc, document_bos=None):
   return {'loss_sum': m['loss'] * tokens, 'tokens': tokens}
 
 
-def inspect_step(params, batch, *, graphdef, document_bos=None):
-  """Per-layer analysis statistics (F-Attn, M-Act, gate scores, sparsity) on one batch."""
-  return model_lib.inspect(nnx.merge(graphdef, params), batch['inputs'],
-                           segment_ids(batch, document_bos))[1]
-
-
-def eval_inspect_step(params, batch, *, graphdef, document_bos=None):
-  """eval_step's sums and inspect_step's statistics from one forward pass (the inspect path's
-  explicit attention), for the analysis, which inspects every batch."""
-  logits_BxTxV, stats = model_lib.inspect(nnx.merge(graphdef, params), batch['inputs'],
-                                          segment_ids(batch, document_bos))
-  lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
-  target = jnp.take_along_axis(logits_BxTxV, batch['targets'][..., None], -1)[..., 0]
-  mask_BxT = batch['loss_mask']
-  return {'loss_sum': jnp.sum((lse_BxT - target) * mask_BxT), 'tokens': jnp.sum(mask_BxT)}, stats
-
-
-def mesh_platform(mesh) -> str:
-  """The platform of a mesh's devices ('cpu', 'gpu', 'tpu'); an AbstractMesh (memory estimates)
-  has no devices: JAX's default backend."""
-  if isinstance(mesh, jax.sharding.Mesh):
-    return mesh.devices.flat[0].platform
-  return jax.default_backend()
-
-
 def check_train_config(cfg, batch_shards: int, mesh_shape: dict):
   """Train settings that cannot work on this mesh, named (before anything compiles)."""
   tc = cfg.train
@@ -214,92 +170,44 @@ def check_train_config(cfg, batch_shards: int, mesh_shape: dict):
                       f'config.data.seq_len={cfg.data.seq_len}.')
 
 
-def document_bos(cfg) -> int | None:
-  """The BOS id that starts each document when data.document_mask is on (the data's
-  tokenizer's), else None."""
-  if not cfg.data.get('document_mask', False):
-    return None
-  return int(input_pipeline.data_tokenizer(cfg.data).bos_id)
-
-
-class Setup:
-  """Model structure, shardings and compiled steps for one config on one mesh.
-
-  `model_cfg` is the typed ModelConfig (built here, at the boundary, for the mesh's platform);
-  `document_bos` the BOS id for document masking (None: off);
-  `graphdef`, `abstract_params` / `abstract_opt` (ShapeDtypeStructs carrying their shardings),
-  and the jitted `init_fn`, `train_step`, `eval_step`, `inspect_step`, `eval_inspect_step`.
-  """
+class Setup(factory_lib.ModelFactory):
+  """The model factory (runs/factory.py: typed config, graphdef, parameter and batch shardings)
+  plus what training adds: the optimizer and its state's shardings (`abstract_opt`), and the
+  jitted `init_fn`, `train_step` and `eval_step` (the factory's `inspect_step` and
+  `eval_inspect_step` compile on first use)."""
 
   def __init__(self, cfg, mesh, cpu_compiler_options=None):
     """`cpu_compiler_options`: XLA options of the steps on a CPU mesh (None:
     CPU_COMPILER_OPTIONS; {}: XLA's defaults, for benchmarks/throughput.py's comparison)."""
-    self.cfg, self.mesh = cfg, mesh
-    self.cpu_compiler_options = (CPU_COMPILER_OPTIONS if cpu_compiler_options is None
-                                 else cpu_compiler_options)
-    self.rules = sharding.get_rules(cfg.mesh.rules)
-    self.model_cfg = ModelConfig.from_config(cfg.model, platform=mesh_platform(mesh))
-    self.document_bos = document_bos(cfg)
-    self.graphdef, abstract_state = nnx.split(model_lib.abstract_model(self.model_cfg))
-    self._shardings(abstract_state)
-    check_train_config(cfg, self.batch_shards, dict(mesh.shape))
-    self._compile_steps()
-
-  def _shardings(self, abstract_state):
-    mesh = self.mesh
-    specs = nnx.to_pure_dict(sharding.param_specs(abstract_state, self.rules, mesh.shape))
-    self.param_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
-    self.abstract_params = jax.tree.map(
-        lambda v, sh: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh),
-        nnx.to_pure_dict(abstract_state), self.param_shardings)
-    self.optimizer = make_optimizer(self.cfg.train)
+    super().__init__(cfg, mesh, cpu_compiler_options)
+    self.optimizer = make_optimizer(cfg.train)
     abstract_opt = jax.eval_shape(self.optimizer.init, self.abstract_params)
-    self.replicated = NamedSharding(mesh, P())
     self.opt_shardings = optax.tree_map_params(
         self.optimizer, lambda _, sh: sh, abstract_opt, self.param_shardings,
         transform_non_params=lambda _: self.replicated)
     self.abstract_opt = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
         abstract_opt, self.opt_shardings)
-    batch_axes = sharding.logical_to_spec(('batch',), self.rules)
-    self.batch_sharding = NamedSharding(mesh, P(batch_axes[0], None))
-    self.batch_shards = sharding.spec_size(self.batch_sharding.spec, mesh.shape)
+    check_train_config(cfg, self.batch_shards, dict(mesh.shape))
+    self._compile_steps()
 
   def _compile_steps(self):
-    with_rules, tc, replicated = self._with_rules, self.cfg.train, self.replicated
-    bos = self.document_bos
-    self.init_fn = jax.jit(with_rules(self._init), out_shardings=(self.param_shardings,
-                                                                   self.opt_shardings))
-    options = self.cpu_compiler_options if self.model_cfg.platform == 'cpu' else None
-    jit = functools.partial(jax.jit, compiler_options=options)
-    self.train_step = jit(
-        with_rules(functools.partial(train_step, graphdef=self.graphdef, tc=tc,
-                                     pools_stats=self.model_cfg.pools_ffn_stats,
-                                     optimizer=self.optimizer, document_bos=bos)),
+    tc, replicated, bos = self.cfg.train, self.replicated, self.document_bos
+    self.init_fn = jax.jit(self.with_rules(self._init), out_shardings=(self.param_shardings,
+                                                                        self.opt_shardings))
+    self.train_step = self.jit(
+        functools.partial(train_step, graphdef=self.graphdef, tc=tc,
+                          pools_stats=self.model_cfg.pools_ffn_stats,
+                          optimizer=self.optimizer, document_bos=bos),
         in_shardings=(self.param_shardings, self.opt_shardings, self.batch_sharding),
         out_shardings=(self.param_shardings, self.opt_shardings, replicated),
         static_argnums=(3,), donate_argnums=(0, 1))
-    self.eval_step = jit(
-        with_rules(functools.partial(eval_step, graphdef=self.graphdef, tc=tc,
-                                     document_bos=bos)),
+    self.eval_step = self.jit(
+        functools.partial(eval_step, graphdef=self.graphdef, tc=tc, document_bos=bos),
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
-    self.inspect_step = jit(
-        with_rules(functools.partial(inspect_step, graphdef=self.graphdef, document_bos=bos)),
-        in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
-    self.eval_inspect_step = jit(
-        with_rules(functools.partial(eval_inspect_step, graphdef=self.graphdef,
-                                     document_bos=bos)),
-        in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
-
-  def _with_rules(self, f):
-    @functools.wraps(f)
-    def wrapped(*args, **kwargs):
-      with sharding.use_rules(self.rules):
-        return f(*args, **kwargs)
-    return wrapped
 
   def _init(self, key):
-    model = model_lib.Transformer(self.model_cfg, rngs=nnx.Rngs(params=key))
+    model = model_lib.Transformer(self.model_cfg, rngs=nnx.Rngs(key))
     params = nnx.to_pure_dict(nnx.state(model))
     return params, self.optimizer.init(params)
 
@@ -311,8 +219,3 @@ class Setup:
     """A fresh optimizer state for `params` (a warm start from other weights)."""
     with jax.set_mesh(self.mesh):
       return jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(params)
-
-  def global_batch(self, local_batch: dict) -> dict:
-    """Per-process numpy batch -> global jax arrays sharded over the data-parallel axes."""
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
-            for k, v in local_batch.items()}

@@ -16,11 +16,10 @@ import time
 
 import jax
 
-from gated_attention.runs import checkpoint as ckpt_lib
-from gated_attention.runs import rundir as workdir_lib
 from gated_attention.errors import CheckpointError
-from gated_attention.training import train as train_lib
-from gated_attention.runs import load as runs
+from gated_attention.runs import checkpoint as ckpt_lib
+from gated_attention.runs import rundir
+from gated_attention.runs.factory import ModelFactory
 from gated_attention.runs.hf import convert, hf_config
 
 IMPORT_STEP = 0
@@ -36,21 +35,21 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
   'data.source': ...}) apply to the run config (not to the architecture). Refuses a workdir that
   holds a run, before anything is written."""
   t0 = time.time()
-  workdir_lib.check_workdir(workdir)
-  saved = os.path.join(workdir, workdir_lib.CONFIG_FILE)
-  if os.path.exists(saved) or runs.checkpoint_steps(workdir):
+  rundir.check_workdir(workdir)
+  saved = os.path.join(workdir, rundir.CONFIG_FILE)
+  if os.path.exists(saved) or rundir.checkpoint_steps(workdir):
     raise CheckpointError(f'--workdir={workdir} already holds a run; import into a new '
                           'directory.')
   config, params = convert.load_hf(hf_dir)
   fixed = [k for k in overrides or {} if k.startswith('model.')
-           and k.split('.')[1] not in workdir_lib.MODEL_FREE]
+           and k.split('.')[1] not in rundir.MODEL_FREE]
   if fixed:
     raise CheckpointError(f'{", ".join(fixed)}: the architecture of an import comes '
                           f'from {hf_dir}/config.json and cannot be overridden.')
   config.update_from_flattened_dict(dict(overrides or {}))
   t_read = time.time() - t0
-  train_lib.Setup(config, runs.build_mesh(config))   # validates the config on this machine
-  workdir_lib.check_or_write_config(workdir, config)
+  ModelFactory(config, rundir.build_mesh(config))   # validates the model config on this machine
+  rundir.check_or_write_config(workdir, config)
   count = int(sum(x.size for x in jax.tree.leaves(params)))
   checkpointer = ckpt_lib.Checkpointer(workdir)
   try:
@@ -73,11 +72,11 @@ def export_run(workdir: str, out_dir: str, *, step: int | None = None, dtype: st
   directory `out_dir` (convert.save_hf). What no HF model class expresses is refused before
   the checkpoint is read."""
   t0 = time.time()
-  config = runs.read_config(workdir)
+  config = rundir.read_config(workdir)
   hf_config.check_exportable(config)
-  step = runs.pick_step(workdir, step)
-  setup = train_lib.Setup(config, runs.build_mesh(config))
-  params = jax.device_get(runs.restore_params(setup, workdir, step))
+  rundir.pick_step(workdir, step)
+  step, params = ModelFactory(config, rundir.build_mesh(config)).restore(workdir, step)
+  params = jax.device_get(params)
   out = convert.save_hf(config, params, out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes,
                         remote_code_dir=remote_code_dir)
   return dict(out, out_dir=os.path.abspath(out_dir), step=step, seconds=round(time.time() - t0, 1),

@@ -1,0 +1,104 @@
+"""--mode=analyze: the attention-sink analysis of a run's checkpoint on held-out data.
+
+  python main.py --mode=analyze --workdir=runs/g1
+  python main.py --mode=analyze --workdir=runs/g1 --config.data.val_batches=16   # more batches
+
+The run's own config (RUN/config.json) is used, so --workdir is all it needs; command-line
+overrides (--config.X=...) are applied on top of it, for the things that may change without
+changing the checkpoint (runs/rundir.py `evaluation_config`): the number and size of the
+held-out batches (data.val_batches, train.batch_size), data.seq_len, the data source, the mesh,
+model.dtype / remat / attention_impl and the position encoding (model.rope_base,
+model.rope_scaling: YaRN). Overrides of the model's structure or the tokenizer are accepted
+when they equal the saved values (so the training command line works as it is) and refused,
+all of them listed, when they differ. The --config file itself is ignored (a note is printed
+when its model differs from the run's).
+
+Writes RUN/analysis/ (analysis/analyze.py: report.json, attention_maps.npz, the figures).
+"""
+
+import json
+import math
+import os
+import time
+
+import jax
+
+import input_pipeline
+from gated_attention.analysis import analyze
+from gated_attention.runs import rundir
+from gated_attention.runs.factory import ModelFactory
+from gated_attention.training import evaluate
+
+
+def _config(workdir, config, overrides, opts):
+  """The analysis config: the saved one with the evaluation overrides and the options."""
+  saved = rundir.read_config(workdir)
+  if config is not None:
+    diffs = rundir.config_differences(saved.to_dict(), json.loads(config.to_json()))
+    if diffs:
+      print(f'Note: analysing with the run\'s saved config ({saved.variant}); the --config file '
+            f'differs from it ({diffs[0]}{"..." if len(diffs) > 1 else ""}) and is ignored.')
+  cfg = rundir.evaluation_config(saved, overrides)
+  if opts['num_batches']:
+    cfg.data.val_batches = int(opts['num_batches'])
+  if opts['batch_size']:
+    cfg.train.batch_size = int(opts['batch_size'])
+  cfg.train.grad_accum = 1  # the analysis does no training step
+  if cfg.data.val_batches < 1:
+    raise analyze.AnalysisError('The analysis needs held-out batches: set '
+                                '--config.data.val_batches to at least 1.')
+  if cfg.data.seq_len < 2:
+    raise analyze.AnalysisError('F-Attn needs sequences of at least 2 tokens '
+                                '(--config.data.seq_len).')
+  return cfg
+
+
+def run(workdir: str, *, config=None, overrides: dict | None = None,
+        options: dict | None = None, out_dir: str | None = None) -> dict:
+  """Analyses the run in `workdir`; writes `out_dir` (default RUN/analysis); returns the report.
+
+  Args:
+    workdir: the run directory.
+    config: the command line's config when --config was given, else None. Its model is not
+      used (the run's saved config is); its `analysis` section, if it has one, sets options.
+    overrides: {'data.val_batches': 8, ...}: the --config.X overrides, applied to the saved
+      config (rundir.evaluation_config); `analysis.*` ones set options.
+    options: analysis options (analyze.DEFAULT_OPTIONS), e.g. {'attn_map_layers': [0, 3]}.
+    out_dir: where to write (default <workdir>/analysis).
+  """
+  t0 = time.time()
+  overrides = dict(overrides or {})
+  rundir.read_config(workdir)  # a missing or unreadable run directory first
+  if not rundir.checkpoint_steps(workdir):
+    raise analyze.AnalysisError(
+        f'{workdir!r} has no finished checkpoint under checkpoints/: nothing to analyse. Train '
+        'first (checkpoints are written every config.train.checkpoint_every steps and at the '
+        'end).')
+  opts = analyze.options(config, overrides, options)
+  cfg = _config(workdir, config, overrides, opts)
+  data = input_pipeline.build_data(
+      cfg.data, global_batch_size=cfg.train.batch_size, seed=cfg.seed,
+      process_index=jax.process_index(), process_count=jax.process_count())
+  factory = ModelFactory(cfg, rundir.build_mesh(cfg))
+  step, params = factory.restore(workdir, None if int(opts['step']) < 0 else int(opts['step']))
+  result = evaluate.evaluate(factory, params, data.val_batches())
+  single = jax.process_count() == 1
+  report = analyze.build_report(result, cfg, workdir, step, data.tokenizer,
+                                opts['attn_map_layers'],
+                                rundir.read_metrics(workdir, every_row=True), single=single)
+  out_dir = out_dir or rundir.analysis_dir(workdir)
+  if jax.process_index() == 0:
+    analyze.write(report, result, data.tokenizer, out_dir, single=single)
+  fmt = lambda x, spec: '-' if x is None else format(x, spec)  # noqa: E731
+  print(f'{report["variant"]} step {step}: F-Attn {fmt(report["f_attn_mean"], ".3f")}, '
+        f'M-Act {fmt(report["m_act_mean"], ".1f")}, gate score '
+        f'{fmt(report["gate_score_mean"], ".3f")}, ppl {fmt(report["ppl"], ".3f")} '
+        f'({report["num_batches"]} batches of {cfg.train.batch_size} x {cfg.data.seq_len}, '
+        f'{time.time() - t0:.0f}s) -> {os.path.join(out_dir, "report.json")}', flush=True)
+  if not math.isfinite(result.loss):
+    print('Warning: the validation loss is not finite.')
+  return report
+
+
+def main(args):
+  run(args.workdir, config=args.config if args.config_given else None, overrides=args.overrides)

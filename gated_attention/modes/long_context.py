@@ -1,0 +1,65 @@
+"""--mode=long_context: how a run holds up beyond its training length (inference/long_context.py).
+
+  python main.py --mode=long_context --workdir=runs/g1_1k
+  python main.py --mode=long_context --workdir=runs/g1_1k --config.long_context.lengths=256,4096 \\
+      --config.model.rope_scaling.type=yarn --config.model.rope_scaling.factor=4 \\
+      --config.model.rope_scaling.original_max_len=1024        # evaluated with YaRN, no training
+
+Writes RUN/long_context/<tag>/ (report.json, long_context.md, loss_by_position.png, ruler.png).
+"""
+
+import json
+import math
+import os
+import time
+
+import input_pipeline
+from gated_attention.inference import generate, long_context
+from gated_attention.modes import sample
+from gated_attention.runs import rundir
+from input_pipeline import ruler
+
+
+def run(workdir: str, *, overrides: dict | None = None) -> dict:
+  """Evaluates the run's checkpoint (long_context.step, default latest) with the saved config and
+  the evaluation overrides; writes RUN/long_context/<tag>/ and returns the report."""
+  t0 = time.time()
+  overrides = dict(overrides or {})
+  cfg = sample.run_config(workdir, overrides)
+  opts = cfg.long_context
+  lengths = long_context.evaluated_lengths(opts, cfg.data.seq_len)
+  run_ = rundir.load_run(workdir, None if opts.step < 0 else opts.step, config=cfg)
+  data = input_pipeline.build_data(cfg.data, global_batch_size=1, seed=cfg.seed)
+  gen = generate.Generator(run_.model, max_len=max(lengths) + 64, chunk=opts.chunk)
+  docs = long_context.long_documents(data, max(lengths) + 1, opts.docs)
+  report = {'workdir': os.path.abspath(workdir), 'variant': cfg.get('variant', ''),
+            'step': run_.step, 'train_seq_len': int(cfg.data.seq_len),
+            'rope_tag': long_context.rope_tag(run_.model_cfg),
+            'rope_base': run_.model_cfg.rope_base,
+            'rope_scaling': dict(cfg.model.rope_scaling), 'lengths': lengths,
+            'loss': long_context.loss_by_position(gen, docs, lengths, opts.batch_size)}
+  print(f'loss by position over {report["loss"]["documents"]} held-out documents: ' +
+        ', '.join(f'{b["from"]}-{b["to"]} {b["loss"]:.3f}' for b in report['loss']['buckets']),
+        flush=True)
+  tasks = ruler.parse_tasks(opts.tasks) if opts.tasks else ()
+  report['ruler'] = long_context.ruler_accuracy(
+      gen, data, tasks, lengths, opts.examples, opts.seed,
+      opts.batch_size) if tasks and opts.examples else {}
+  report['examples_per_cell'] = int(opts.examples)
+  report['seconds'] = round(time.time() - t0, 1)
+  out_dir = os.path.join(workdir, long_context.OUT_DIR, opts.tag or report['rope_tag'])
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, 'report.json'), 'w') as f:
+    json.dump(report, f, indent=1, allow_nan=False)
+  table = long_context.table(report)
+  with open(os.path.join(out_dir, 'long_context.md'), 'w') as f:
+    f.write(table)
+  long_context.figures(report, out_dir)
+  print(table + f'({report["seconds"]:.0f}s) -> {out_dir}', flush=True)
+  if not all(math.isfinite(b['loss']) for b in report['loss']['buckets']):
+    print('Warning: a loss is not finite.')
+  return report
+
+
+def main(args):
+  run(args.workdir, overrides=args.overrides)

@@ -1,0 +1,53 @@
+"""--mode=sample: continues text prompts with a run's checkpoint (inference/generate.py).
+
+  python main.py --mode=sample --workdir=runs/g1 --prompt="The cat" --max_new_tokens=100
+"""
+
+import time
+
+from gated_attention.inference import generate
+from gated_attention.runs import rundir
+
+
+def run_config(workdir: str, overrides: dict | None = None):
+  """The run's saved config for generation: with the evaluation overrides
+  (rundir.evaluation_config, e.g. YaRN), and MoE routing every token (dispatch dropless: no
+  parameter changes, no token dropped)."""
+  cfg = rundir.evaluation_config(rundir.read_config(workdir), overrides or {})
+  if cfg.model.moe.num_experts and cfg.model.moe.dispatch != 'dropless':
+    cfg.model.moe.dispatch = 'dropless'
+    print('Note: generation routes every token (moe.dispatch=dropless).')
+  return cfg
+
+
+def sample(workdir: str, prompts: list[str], *, max_new_tokens: int, temperature: float = 0.0,
+           top_p: float = 1.0, seed: int = 0, overrides: dict | None = None,
+           step: int | None = None) -> list[str]:
+  """Continues each text prompt with the run's checkpoint `step` (default latest); prints and
+  returns the continuations. `overrides`: --config.X overrides of the saved config that
+  evaluation allows (rundir.evaluation_config), e.g. YaRN for longer contexts."""
+  if not prompts:
+    raise generate.GenerateError('--mode=sample needs at least one --prompt="...".')
+  if max_new_tokens < 1:
+    raise generate.GenerateError(f'--max_new_tokens={max_new_tokens} must be at least 1.')
+  run = rundir.load_run(workdir, step, config=run_config(workdir, overrides))
+  tok = run.tokenizer
+  ids = [[int(i) for i in tok.encode_doc(p)] for p in prompts]
+  gen = generate.Generator(run.model, max_len=max(map(len, ids)) + max_new_tokens)
+  t0 = time.time()
+  out = gen.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                     eos_id=tok.bos_id, seed=seed)
+  seconds = time.time() - t0
+  texts = [tok.decode(t) for t in out.tokens]
+  for prompt, text, done in zip(prompts, texts, out.finished):
+    print(f'--- {prompt!r} ->{" (stopped at end of document)" if done else ""}\n{prompt}{text}')
+  print(f'--- {run.config.get("variant", "")} step {run.step}: {out.new_tokens} new tokens for '
+        f'{len(prompts)} prompt(s) in {seconds:.1f}s, compilation included '
+        f'(temperature {temperature}, top_p {top_p}, seed {seed}).', flush=True)
+  return texts
+
+
+def main(args):
+  sample(args.workdir, list(args.prompts), max_new_tokens=args.max_new_tokens,
+         temperature=args.temperature, top_p=args.top_p, seed=args.sample_seed,
+         overrides=args.overrides, step=args.step)

@@ -1,0 +1,97 @@
+"""The layers of gated_attention/ (docs/architecture.md): which package may import which.
+
+Every import in every module counts, those inside functions included, so a lazy import cannot
+hide a dependency that points the wrong way.
+"""
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ('model', 'analysis', 'inference', 'runs', 'training', 'compile', 'modes')
+# What each layer may import besides itself (core: the root modules errors, console, sharding,
+# distributed, chips; configs/ and input_pipeline/ are the top-level packages of those names).
+ALLOWED = {
+    'core': set(),
+    'model': {'core'},
+    'analysis': {'core', 'model', 'configs'},
+    'inference': {'core', 'model', 'analysis', 'input_pipeline'},
+    'runs': {'core', 'model', 'configs', 'input_pipeline'},
+    'training': {'core', 'model', 'analysis', 'runs', 'configs', 'input_pipeline'},
+    'compile': {'core', 'model', 'runs', 'training', 'configs', 'input_pipeline'},
+    'modes': {'core', 'model', 'analysis', 'inference', 'runs', 'training', 'compile', 'configs',
+              'input_pipeline'},
+    'main': {'core', 'modes'},
+    'configs': {'core', 'model', 'configs'},
+    'input_pipeline': {'core', 'input_pipeline', 'configs'},   # bpe.py's command line: data defaults
+}
+
+
+def layer(module: str) -> str | None:
+  """The layer of a dotted module name inside this repository (None: a library)."""
+  parts = module.split('.')
+  if parts[0] in ('configs', 'input_pipeline', 'main'):
+    return parts[0]
+  if parts[0] != 'gated_attention':
+    return None
+  return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else 'core'
+
+
+def imports(path: str):
+  """(line, imported module) of every absolute import in the file."""
+  for node in ast.walk(ast.parse(open(path).read(), path)):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        yield node.lineno, alias.name
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      for alias in node.names:   # `from gated_attention import model`: the package imported
+        yield node.lineno, f'{node.module}.{alias.name}'
+
+
+def modules():
+  for top in ('gated_attention', 'configs', 'input_pipeline'):
+    for d, _, files in os.walk(os.path.join(ROOT, top)):
+      for f in sorted(files):
+        if f.endswith('.py'):
+          path = os.path.join(d, f)
+          yield os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.').removesuffix('.__init__')
+  yield 'main'
+
+
+def wrong_way(module: str) -> list[str]:
+  src = layer(module)
+  path = os.path.join(ROOT, *module.split('.'))
+  path = path + '.py' if os.path.isfile(path + '.py') else os.path.join(path, '__init__.py')
+  bad = []
+  for line, target in imports(path):
+    dst = layer(target)
+    if dst is not None and dst != src and dst not in ALLOWED[src]:
+      bad.append(f'{module}:{line} ({src}) imports {target} ({dst})')
+  return bad
+
+
+def test_every_import_points_down_the_layers():
+  bad = [b for m in modules() for b in wrong_way(m)]
+  assert not bad, 'imports against the layers of docs/architecture.md:\n' + '\n'.join(bad)
+
+
+def test_the_check_sees_a_wrong_import(tmp_path, monkeypatch):
+  """The rule fires on a model module importing training (and on a lazy import)."""
+  pkg = tmp_path / 'gated_attention' / 'model'
+  pkg.mkdir(parents=True)
+  (pkg / 'bad.py').write_text('def f():\n  from gated_attention.training import loop\n')
+  monkeypatch.setattr(__import__(__name__), 'ROOT', str(tmp_path), raising=False)
+  globals()['ROOT'] = str(tmp_path)
+  try:
+    assert wrong_way('gated_attention.model.bad') == [
+        'gated_attention.model.bad:2 (model) imports gated_attention.training.loop (training)']
+  finally:
+    globals()['ROOT'] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize('package', PACKAGES)
+def test_each_package_says_what_it_is(package):
+  init = os.path.join(ROOT, 'gated_attention', package, '__init__.py')
+  assert ast.get_docstring(ast.parse(open(init).read())), f'{init} has no docstring'
