@@ -287,11 +287,12 @@ def test_pool_gate_and_sparsity_weighted_and_histograms_summed():
 def test_analysis_config_overrides():
   saved = base.get_config('tiny')
   cfg = runs.evaluation_config(saved, {'data.val_batches': 7, 'train.batch_size': 4,
-                                        'model.dtype': 'bfloat16'})
+                                       'model.dtype': 'bfloat16'})
   assert (cfg.data.val_batches, cfg.train.batch_size, cfg.model.dtype) == (7, 4, 'bfloat16')
   assert saved.data.val_batches != 7                     # the saved config is not modified
-  yarn = runs.evaluation_config(saved, {'model.rope_base': 5e5, 'model.rope_scaling.type': 'yarn',
-                                         'model.rope_scaling.factor': 4.0})
+  yarn = runs.evaluation_config(saved, {'model.rope_base': 5e5,
+                                        'model.rope_scaling.type': 'yarn',
+                                        'model.rope_scaling.factor': 4.0})
   assert (yarn.model.rope_base, yarn.model.rope_scaling.type) == (5e5, 'yarn')  # context extension
   with pytest.raises(runs.RunError, match='model.num_layers'):
     runs.evaluation_config(saved, {'model.num_layers': 3})
@@ -304,6 +305,19 @@ def test_analysis_config_overrides():
     analyze.map_layers('5', 4)
   with pytest.raises(analyze.AnalysisError, match='Unknown analysis options'):
     analyze.options(None, {}, {'bogus': 1})
+
+
+def test_evaluation_may_name_the_tokenizer_a_run_did_not_save():
+  """An import of a Hugging Face directory without tokenizer.json saves data.tokenizer=''
+  (unknown): evaluation may name one (--config.data.tokenizer=byte) instead of refusing it as
+  a change of what the checkpoint fixes; a saved tokenizer still cannot change."""
+  saved = base.get_config('tiny')
+  saved.data.tokenizer = ''
+  assert runs.evaluation_config(saved, {'data.tokenizer': 'byte'}).data.tokenizer == 'byte'
+  saved.data.tokenizer = 'byte'
+  assert runs.evaluation_config(saved, {'data.tokenizer': 'byte'}).data.tokenizer == 'byte'
+  with pytest.raises(runs.RunError, match="data.tokenizer='x.model' \\(saved: 'byte'\\)"):
+    runs.evaluation_config(saved, {'data.tokenizer': 'x.model'})
 
 
 def test_read_metrics_dedups_resumed_steps(tmp_path):
@@ -363,7 +377,7 @@ def tiny_run(tmp_path_factory):
 
 def test_end_to_end_analyze_and_compare(tiny_run, tmp_path):
   report = analyze_mode.run(tiny_run, overrides={'data.val_batches': 3},
-                       options={'attn_map_layers': '1'})
+                            options={'attn_map_layers': '1'})
   out = os.path.join(tiny_run, 'analysis')
   for name in ('report.json', 'f_attn.png', 'm_act.png', 'gate.png', 'sparsity.png',
                'attention_maps.png', 'attention_maps.npz'):

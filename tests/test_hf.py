@@ -452,3 +452,24 @@ def test_import_refuses_a_workdir_that_holds_a_run(imported):
   from gated_attention.runs.hf import interop as rundir  # pylint: disable=g-import-not-at-top
   with pytest.raises(CheckpointError, match='already holds a run'):
     rundir.import_run(os.path.join(FIXTURES, 'baseline_tied'), imported[0])
+
+
+def test_a_byte_tokenizer_run_exported_and_imported_back_can_be_analysed(tmp_path_factory):
+  """The seam of issue 23: export a run trained with the byte tokenizer (the export holds no
+  tokenizer), import it again (data.tokenizer '' : unknown), analyse it naming the tokenizer."""
+  from gated_attention.modes import analyze  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import rundir as runs  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  from tests.test_analysis import make_tiny_run  # pylint: disable=g-import-not-at-top
+  run = make_tiny_run(str(tmp_path_factory.getbasetemp() / 'ga_tiny_run'), analyse=False)
+  root = tmp_path_factory.mktemp('byte_roundtrip')
+  interop.export_run(run, str(root / 'hf'))
+  assert not os.path.exists(root / 'hf' / 'tokenizer.json')
+  summary = interop.import_run(str(root / 'hf'), str(root / 'back'))
+  assert summary['tokenizer'] == ''
+  small = {'data.val_batches': 1, 'train.batch_size': 2}
+  with pytest.raises(Exception, match='data.tokenizer is empty'):
+    analyze.run(str(root / 'back'), overrides=small)
+  report = analyze.run(str(root / 'back'), overrides={**small, 'data.tokenizer': 'byte'})
+  assert report['tokenizer'] == 'byte' and report['step'] == 0
+  assert runs.read_config(str(root / 'back')).data.tokenizer == ''   # the run is not rewritten
