@@ -31,7 +31,8 @@ import input_pipeline
 from gated_attention import sharding
 from gated_attention.model import transformer as model_lib
 from gated_attention.model.config import ModelConfig
-from gated_attention.runs import checkpoint, rundir
+from gated_attention.errors import CheckpointError
+from gated_attention.runs import checkpoint
 
 # XLA:CPU options of the compiled train / eval / inspect steps on CPU meshes (none elsewhere).
 # YNNPACK computes the matmuls only, XLA's own loop fusions the elementwise code: YNNPACK's
@@ -155,7 +156,11 @@ class ModelFactory:
     ckpt = checkpoint.Checkpointer(workdir, read_only=True)
     try:
       steps = ckpt.all_steps()
-      step = rundir.pick_step(workdir, step, steps)
+      if not steps or (step is not None and step not in steps):
+        raise CheckpointError(f'{workdir!r} has no finished checkpoint'
+                              f'{"" if step is None else f" at step {step}"} under '
+                              f'{checkpoint.CHECKPOINTS_DIR}/ (it has {steps or "none"}).')
+      step = steps[-1] if step is None else step
       return step, ckpt.restore_params(step, self.abstract_params)
     finally:
       ckpt.close()

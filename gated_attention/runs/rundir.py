@@ -374,7 +374,7 @@ def load_run(workdir: str, step: int | None = None, *, overrides: dict | None = 
   of the saved one with `overrides`."""
   if config is None:
     config = evaluation_config(read_config(workdir), overrides or {})
-  pick_step(workdir, step)
+  pick_step(workdir, step)              # a RunError naming the steps there are, before any work
   factory = _factory(config)
   step, params = factory.restore(workdir, step)
   return Run(workdir=workdir, config=config, factory=factory, step=step, params=params,

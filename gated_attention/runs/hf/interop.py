@@ -74,7 +74,6 @@ def export_run(workdir: str, out_dir: str, *, step: int | None = None, dtype: st
   t0 = time.time()
   config = rundir.read_config(workdir)
   hf_config.check_exportable(config)
-  rundir.pick_step(workdir, step)
   step, params = ModelFactory(config, rundir.build_mesh(config)).restore(workdir, step)
   params = jax.device_get(params)
   out = convert.save_hf(config, params, out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes,
