@@ -1,7 +1,7 @@
 """Smallest v5p slice on which the paper's models train, by ahead-of-time compilation.
 
-  python benchmarks/aot_table.py                 # all rows; writes docs/tpu_aot.md
-  python benchmarks/aot_table.py --scales=dense_1p7b_28l --variants=baseline
+  python -m benchmarks.aot_table                 # all rows; writes docs/tpu_aot.md
+  python -m benchmarks.aot_table --scales=dense_1p7b_28l --variants=baseline
 
 For the paper's three architectures (baseline and G1 elementwise) at sequence length 4096 and
 the paper's global batch of 1024 sequences, walk up the v5p slices (4, 8, ... chips; full FSDP
@@ -90,7 +90,6 @@ def code_tree() -> str:
 
 def estimate_state_bytes(scale, n_chips):
   """f32 params + AdamW m, v + f32 gradients, evenly sharded: a lower bound to skip slices."""
-  sys.path.insert(0, ROOT)
   from configs import base  # pylint: disable=g-import-not-at-top
   from gated_attention.model import transformer as model  # pylint: disable=g-import-not-at-top
   from gated_attention.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
@@ -238,7 +237,6 @@ How to read the numbers:
 
 def write_doc(tables, attempts_by_row, cache, args):
   os.makedirs(os.path.dirname(DOC), exist_ok=True)
-  sys.path.insert(0, ROOT)
   from gated_attention import chips as chip_table  # pylint: disable=g-import-not-at-top
   chips_tbl = '\n'.join(f'| {k} | {v["peak_bf16_flops"] / 1e12:.0f} TFLOP/s | '
                         f'{v["hbm_bytes"] / 2**30:.0f} GiB | {v["hbm_bandwidth"] / 1e9:.0f} GB/s |'
@@ -249,7 +247,7 @@ def write_doc(tables, attempts_by_row, cache, args):
     out.append(f'## {title} (sequence {SEQ}, global batch {BATCH})\n')
     if i == 0:
       out.append(
-          f'Produced by `python benchmarks/aot_table.py --also={",".join(args.also)}` (code: '
+          f'Produced by `python -m benchmarks.aot_table --also={",".join(args.also)}` (code: '
           f'{", ".join(codes)}; libtpu 0.0.42.1; raw reports: `benchmarks/aot_table.json`). '
           'Full FSDP over all chips (data=1, fsdp=-1, rules=fsdp, the config default for these '
           'scales), remat=save_attention, bf16 compute, splash attention (512-token tiles, fused '

@@ -5,22 +5,19 @@ best of --rounds, with the same number of tokens at every length (batch = --toke
 default backend. The CPU choice of 'auto' (attention_kernels.choose: chunked up to
 CHUNKED_MAX_T_CPU, then blockwise) was made from its output at three head dims.
 
-  python benchmarks/attention.py [--lengths=128,256,512,1024,2048]
+  python -m benchmarks.attention [--lengths=128,256,512,1024,2048]
                                  [--impls=xla,blockwise:128,chunked:128]
                                  [--heads=4,2,32] [--tokens=4096] [--rounds=3]
 """
 
 import argparse
-import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from gated_attention.model import attention_kernels  # noqa: E402
+import jax
+import jax.numpy as jnp
+from gated_attention.model import attention_kernels
 
 
 def time_one(impl: str, block: int, T: int, B: int, heads, rounds: int) -> float:

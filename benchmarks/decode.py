@@ -6,24 +6,21 @@ cache. Both are timed after a warm-up call (compilation excluded), interleaved r
 one process, on a freshly initialised model of the config (speed does not depend on training):
 new tokens per second and the cache's speed-up.
 
-  python benchmarks/decode.py [--config=g1_elementwise:tiny] [--batch=1,8] [--prompt_len=32]
+  python -m benchmarks.decode [--config=g1_elementwise:tiny] [--batch=1,8] [--prompt_len=32]
                               [--new_tokens=224] [--rounds=3]
 """
 
 import argparse
 import importlib
 import json
-import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from flax import nnx  # noqa: E402
-from gated_attention.inference import generate  # noqa: E402
+from flax import nnx
+from gated_attention.inference import generate
 from gated_attention.model import transformer as model
-from gated_attention.model.config import ModelConfig  # noqa: E402
+from gated_attention.model.config import ModelConfig
 
 
 def main():

@@ -2,8 +2,8 @@
 exporting it (gated_attention/runs/hf). No torch, no network: random bf16 weights, written in the
 authors' gated-Qwen3 layout (config.json + sharded safetensors), as their 1B_gate_headwise.
 
-  python benchmarks/fake_release.py make --out=/tmp/fake_1b_gate_headwise
-  python benchmarks/fake_release.py measure --src=/tmp/fake_1b_gate_headwise --out=/tmp/exported
+  python -m benchmarks.fake_release make --out=/tmp/fake_1b_gate_headwise
+  python -m benchmarks.fake_release measure --src=/tmp/fake_1b_gate_headwise --out=/tmp/exported
   # the run-directory path (README, "Hugging Face models"):
   /usr/bin/time -v python main.py --mode=import --hf=/tmp/fake_1b_gate_headwise --workdir=/tmp/r
   /usr/bin/time -v python main.py --mode=analyze --workdir=/tmp/r --config.data.seq_len=4096 \
@@ -24,9 +24,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# pylint: disable-next=g-import-not-at-top
 from gated_attention.runs.hf import hf_config, layout, safetensors_io
 
 # The paper's 1.7B-28L dense model (appendix table) in the authors' Hugging Face config.
@@ -37,6 +35,9 @@ CONFIG = dict(architectures=['Qwen3ForCausalLM'], model_type='qwen3', vocab_size
               rope_scaling=None, tie_word_embeddings=True, attention_bias=False, qkv_bias=False,
               use_qk_norm=True, use_sliding_window=False, torch_dtype='bfloat16',
               bos_token_id=151643, eos_token_id=151643)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make(out: str, gate: str, max_shard_bytes: int):
@@ -117,8 +118,8 @@ def main():
     _step(args.cmd, args.src, args.out, args.dtype)
   else:                                    # each step in a fresh process: its own peak RSS
     for step in ('load', 'save'):
-      subprocess.run([sys.executable, __file__, step, f'--src={args.src}', f'--out={args.out}',
-                      f'--dtype={args.dtype}'], check=True)
+      subprocess.run([sys.executable, '-m', 'benchmarks.fake_release', step, f'--src={args.src}',
+                      f'--out={args.out}', f'--dtype={args.dtype}'], check=True, cwd=ROOT)
 
 
 if __name__ == '__main__':

@@ -26,7 +26,7 @@ https://docs.nvidia.com/jax-toolbox/performance-profiling/gpu-performance):
 and XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 (JAX preallocates 75% of the GPU otherwise) unless set.
 Without a GPU the script refuses with a message saying so.
 
-  python benchmarks/gpu.py [--models=tiny,dense_100m,dense_1p7b_28l] [--variant=g1_elementwise]
+  python -m benchmarks.gpu [--models=tiny,dense_100m,dense_1p7b_28l] [--variant=g1_elementwise]
                            [--steps=5] [--budget_s=480]
 """
 
@@ -38,8 +38,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # model name -> (scale of configs/base.py, first batch size to try)
 MODELS = {'tiny': ('tiny', 256), 'dense_100m': ('dense_90m', 32),
@@ -110,7 +108,7 @@ def gpu_config(model: str, variant: str, batch: int):
 def measure(model: str, variant: str, batch: int, steps: int) -> dict:
   """In this process (a child): compile, time `steps` steps; the row of the report."""
   import jax  # pylint: disable=g-import-not-at-top
-  import throughput  # pylint: disable=g-import-not-at-top  (benchmarks/throughput.py)
+  from benchmarks import throughput  # pylint: disable=g-import-not-at-top
   from gated_attention import chips  # pylint: disable=g-import-not-at-top
   require_gpu(jax.default_backend(), jax.devices())
   device = jax.devices()[0]
@@ -137,7 +135,7 @@ def _params(timer) -> int:
 def run_child(model: str, variant: str, batch: int, steps: int, timeout: float, env: dict):
   """(row or None, error text or None, out of memory?) of one measuring subprocess, run with
   the environment `env`."""
-  cmd = [sys.executable, os.path.abspath(__file__), f'--child={model}', f'--variant={variant}',
+  cmd = [sys.executable, '-m', 'benchmarks.gpu', f'--child={model}', f'--variant={variant}',
          f'--batch={batch}', f'--steps={steps}']
   try:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,

@@ -1,6 +1,6 @@
 """XLA FLOPs of a grouped (expert) matmul and its gradients, compiled ahead of time for a TPU.
 
-  python benchmarks/grouped_matmul_aot.py [--topology=v5p:2x2x1] [--groups=16] [--rows=8192]
+  python -m benchmarks.grouped_matmul_aot [--topology=v5p:2x2x1] [--groups=16] [--rows=8192]
 
 Compiles value_and_grad(sum(grouped_matmul(x, w, group_sizes) * c)) wrt x and w for one device of
 a compile-only TPU topology (libtpu, no TPU needed; see gated_attention/compile/aot.py) with
@@ -12,10 +12,7 @@ tgmm visits only each group's rows. Pallas kernels report the FLOPs of their Cos
 
 import argparse
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gated_attention.compile import aot  # pylint: disable=g-import-not-at-top
 

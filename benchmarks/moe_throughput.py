@@ -5,7 +5,7 @@ activated expert width), so both models do the same matmul FLOPs per token apart
 All models are timed in one process, interleaved round by round, and reported as tokens/s and as
 ratios to the dense twin (absolute numbers on a shared CPU are noisy; the ratios much less so).
 
-  python benchmarks/moe_throughput.py [--variant=g1_elementwise] [--rounds=5] [--steps=10]
+  python -m benchmarks.moe_throughput [--variant=g1_elementwise] [--rounds=5] [--steps=10]
 """
 
 import argparse
@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-import throughput  # benchmarks/throughput.py: StepTimer, interleave (puts the repo on sys.path)
+from benchmarks import throughput  # StepTimer, interleave
 from gated_attention.model import transformer as model_lib  # pylint: disable=g-bad-import-order
 
 

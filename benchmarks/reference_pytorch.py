@@ -13,13 +13,12 @@ columns elementwise, 1 headwise), and the SDPA output is multiplied by their sig
 o_proj. Stock Qwen3Attention is kept; two hooks do it (`add_gate`): a forward hook on q_proj
 hands Qwen3 the queries and keeps the logits, a forward pre-hook on o_proj applies the gate.
 
-  python benchmarks/reference_pytorch.py [--shape=a|b] [--steps=10] [--rounds=5] [--json]
-  python benchmarks/throughput.py --pytorch     # both, and the JAX / PyTorch ratio
+  python -m benchmarks.reference_pytorch [--shape=a|b] [--steps=10] [--rounds=5] [--json]
+  python -m benchmarks.throughput --pytorch     # both, and the JAX / PyTorch ratio
 """
 
 import json
 import os
-import sys
 import time
 
 import numpy as np
@@ -27,8 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import shapes  # noqa: E402  (benchmarks/shapes.py)
+from benchmarks import shapes
 
 
 def qwen3_config(shape: str) -> Qwen3Config:

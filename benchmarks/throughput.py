@@ -23,7 +23,7 @@ other does; their thread pools only idle (torch's OpenMP threads spin for a mome
 `--compare_cpu_options` adds each variant compiled with XLA's default options rather than the
 project's (runs/factory.py CPU_COMPILER_OPTIONS), to the same round-robin.
 
-  python benchmarks/throughput.py [--shape=a|b] [--steps=10] [--rounds=5]
+  python -m benchmarks.throughput [--shape=a|b] [--steps=10] [--rounds=5]
                                   [--variants=baseline,g1_headwise,g1_elementwise] [--pytorch]
                                   [--compare_cpu_options]
 """
@@ -31,16 +31,13 @@ project's (runs/factory.py CPU_COMPILER_OPTIONS), to the same round-robin.
 import importlib
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import shapes  # noqa: E402  (benchmarks/shapes.py)
+from benchmarks import shapes
 from gated_attention.model import attention_kernels  # noqa: E402
 from gated_attention import sharding
 from gated_attention.training import train
@@ -129,7 +126,7 @@ def rows(summaries: dict, peak_flops: float) -> list[dict]:
 def pytorch_timers(variants, shape: str) -> dict:
   """benchmarks/reference_pytorch.py's step timers for `variants` (torch on every core this
   process may use), to interleave with the JAX ones."""
-  import reference_pytorch  # noqa: E402  pylint: disable=g-import-not-at-top  (needs torch)
+  from benchmarks import reference_pytorch  # pylint: disable=g-import-not-at-top  (needs torch)
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(len(os.sched_getaffinity(0)))
   return {v: reference_pytorch.StepTimer(v, shape) for v in variants}

@@ -1,20 +1,14 @@
 """benchmarks/: the pieces that run without an accelerator or a long measurement."""
 
-import importlib.util
+import importlib
 import os
 
 import numpy as np
 import pytest
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'benchmarks')
-
-
 def _load(name):
-  """benchmarks/<name>.py as a module (benchmarks/ is a folder of scripts, not a package)."""
-  spec = importlib.util.spec_from_file_location(f'bench_{name}', os.path.join(BENCH, f'{name}.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  """benchmarks/<name>.py (run as `python -m benchmarks.<name>`)."""
+  return importlib.import_module(f'benchmarks.{name}')
 
 
 @pytest.mark.parametrize('granularity', ['elementwise', 'headwise'])
