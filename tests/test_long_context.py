@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from configs import extend_context
-from gated_attention.modes import long_context
+from gated_attention.inference import long_context
+from gated_attention.modes import long_context as long_context_mode
 from tests.test_analysis import ROOT, make_tiny_run
 
 
@@ -62,12 +63,12 @@ def test_loss_by_position_buckets_against_numpy():
 
 def test_lengths_and_tags():
   opts = type('O', (), {'lengths': ''})
-  assert long_context._lengths(opts, 64) == [64, 128, 256, 512]
+  assert long_context.evaluated_lengths(opts, 64) == [64, 128, 256, 512]
   opts.lengths = '512,64,64'
-  assert long_context._lengths(opts, 64) == [64, 512]
+  assert long_context.evaluated_lengths(opts, 64) == [64, 512]
   opts.lengths = '8'
   with pytest.raises(long_context.LongContextError, match='at least 16'):
-    long_context._lengths(opts, 64)
+    long_context.evaluated_lengths(opts, 64)
 
 
 def test_extend_then_evaluate_with_and_without_yarn(tiny_run, tmp_path):
@@ -81,14 +82,14 @@ def test_extend_then_evaluate_with_and_without_yarn(tiny_run, tmp_path):
   common = {'long_context.lengths': '32,64,128', 'long_context.docs': 2,
             'long_context.examples': 2, 'long_context.tasks': 'niah_single',
             'long_context.chunk': 32}
-  plain = long_context.run(ext, overrides=common)
+  plain = long_context_mode.run(ext, overrides=common)
   assert plain['rope_tag'] == 'rope1e+06' and plain['lengths'] == [32, 64, 128]
   assert [b['to'] for b in plain['loss']['buckets']] == [32, 64, 128]
   assert all(np.isfinite(b['loss']) for b in plain['loss']['buckets'])
   acc = plain['ruler']['niah_single']                 # the task needs 81 byte tokens
   assert set(plain['ruler']) == {'niah_single'} and acc['32'] is None and acc['64'] is None
   assert 0 <= acc['128'] <= 1
-  yarn = long_context.run(ext, overrides={**common, 'model.rope_scaling.type': 'yarn',
+  yarn = long_context_mode.run(ext, overrides={**common, 'model.rope_scaling.type': 'yarn',
                                           'model.rope_scaling.factor': 2.0,
                                           'model.rope_scaling.original_max_len': 64})
   assert yarn['rope_tag'] == 'rope1e+06_yarn2x64'
