@@ -37,7 +37,7 @@ QWEN_VOCAB = 151_936
 #                     change it (a warm start, train.init_from, which has no saved position, may);
 #   _checkpoint(...)  the checkpoint depends on it (the tokenizer its embeddings were trained on):
 #                     a run may not continue with another value, an evaluation may not use one.
-# runs/rundir.py and the analysis read the lists from `fixed_fields`.
+# runs/rundir.py reads the lists from `fixed_fields`.
 ITERATOR = 'iterator'
 CHECKPOINT = 'checkpoint'
 
@@ -55,10 +55,10 @@ def _checkpoint(value):
   return _Fixed(value, CHECKPOINT)
 
 
-def _section(fields: dict) -> ml_collections.ConfigDict:
+def _build(fields: dict) -> ml_collections.ConfigDict:
   """The ConfigDict of a declaration (values unwrapped from _iterator / _checkpoint)."""
   return ml_collections.ConfigDict({
-      k: _section(v) if isinstance(v, dict) else v.value if isinstance(v, _Fixed) else v
+      k: _build(v) if isinstance(v, dict) else v.value if isinstance(v, _Fixed) else v
       for k, v in fields.items()})
 
 
@@ -158,7 +158,7 @@ def _data_fields() -> dict:
 
 
 def data_config() -> ml_collections.ConfigDict:
-  return _section(_data_fields())
+  return _build(_data_fields())
 
 
 def _train_fields() -> dict:
@@ -199,7 +199,7 @@ def _train_fields() -> dict:
 
 
 def train_config() -> ml_collections.ConfigDict:
-  return _section(_train_fields())
+  return _build(_train_fields())
 
 
 def long_context_config() -> ml_collections.ConfigDict:
@@ -283,7 +283,7 @@ def _run_fields(scale: str) -> dict:
 
 def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
   scale = scale or 'tiny'
-  c = _section(_run_fields(scale))
+  c = _build(_run_fields(scale))
   c.model = model_config(scale)
   c.data = data_config()
   c.train = train_config()

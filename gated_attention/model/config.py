@@ -9,6 +9,12 @@ the boundary (train.Setup, the analysis, the import), resolving what depends on 
 FFN width with `ffn_match_baseline`, the MoE grouped-matmul kernel for the platform) and
 validating every field in one place, with messages that name the --config field. Modules take
 a ModelConfig; it is hashable, so a model's graphdef is too and compiled functions cache on it.
+
+The dataclasses are also the `model` section's one schema: configs/base.py builds the section
+from `config_defaults()` (ModelConfig's fields, with GateSpec, MoESpec and RopeScaling as its
+gate, moe and rope_scaling sections, and RESOLVED_KEYS), so each field, its default and its
+comment are written once, here; each field's metadata says whether a saved run may change it
+(`free_fields`, read by runs/rundir.py). `from_config` refuses keys it does not know, by name.
 """
 
 import dataclasses
@@ -33,8 +39,9 @@ __all__ = ['ModelConfig', 'RopeScaling', 'dense_ffn_size', 'config_defaults', 'f
 # refused.
 FREE_ON_RESUME = {'free': 'resume'}          # the checkpoint does not depend on it: a resumption
                                              # (and an evaluation) may change it
-FREE_IN_EVALUATION = {'free': 'evaluation'}  # no parameter depends on it, but training does:
-                                             # an evaluation of a checkpoint may change it
+FREE_IN_EVALUATION = {'free': 'evaluation'}  # no parameter depends on it, but the run trained
+                                             # with it: an evaluation may change it, a
+                                             # resumption may not
 NOT_IN_CONFIG = {'in_config': False}         # resolved by from_config, not a run-config key
 
 
@@ -71,8 +78,7 @@ class ModelConfig:
   # The positions' encoding, which no parameter depends on: an evaluation may raise the base or
   # add YaRN (context extension, Qiu et al. 2025, Sec. 4.4).
   rope_base: float = dataclasses.field(default=10_000.0, metadata=FREE_IN_EVALUATION)
-  rope_scaling: RopeScaling = _section(RopeScaling, RopeScaling(),
-                                           **FREE_IN_EVALUATION)
+  rope_scaling: RopeScaling = _section(RopeScaling, RopeScaling(), **FREE_IN_EVALUATION)
   init_std: float = 0.02
   # compute dtype; parameters are always float32
   dtype: str = dataclasses.field(default='float32', metadata=FREE_ON_RESUME)
@@ -214,14 +220,14 @@ def _refuse_unknown(where: str, given: dict, cls):
   if unknown:
     raise ConfigError(
         f'{where} has unknown field(s) {", ".join(unknown)}; known: {", ".join(known)}. Remove '
-        'or rename them (a misspelt --config override, or a config.json written by other code).')
+        'or rename them (a misspelling, or a config written by other code).')
 
 
 def config_defaults(cls=None) -> tuple[dict, dict]:
-  """(defaults, field metadata) of the run config's `model` section (or of the section of the
-  schema dataclass `cls`), both nested dicts keyed like the section: the one declaration of its
-  fields, their defaults and what a saved run may change (configs/base.py builds its `model`
-  section from it)."""
+  """(defaults, metadata) of the run config's `model` section (or of the section of the schema
+  dataclass `cls`): the defaults as a nested dict keyed like the section, and {key: its field's
+  metadata} (what a saved run may change; {} for RESOLVED_KEYS). configs/base.py builds its
+  `model` section from the defaults."""
   cls = cls or ModelConfig
   fields = {f.name: f for f in dataclasses.fields(cls)}
   sections = _sections(cls)
