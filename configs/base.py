@@ -8,98 +8,94 @@ Scales (the config-string argument, `configs/g1_elementwise.py:<scale>`):
   moe_tiny        a CPU-sized MoE (8 experts, top-2)
   dense_90m       a 90M-parameter dense model at context 2048 for one accelerator (the sink at
                   accelerator scale: experiments/sink_accelerator.py); needs a BPE tokenizer
+
+The `model` section is declared once, by the dataclasses that the model takes (ModelConfig in
+gated_attention/model/config.py, with GateSpec, MoESpec and RopeScaling): their fields, defaults
+and comments are the section's keys, defaults and documentation, and their metadata says what a
+saved run may change; `model_config` adds each scale's values. The other sections are declared
+here, with the fields that a run directory fixes marked (`_iterator`, `_checkpoint`).
 """
 
+import copy
+from typing import NamedTuple
+
 import ml_collections
+from absl import logging
+
+from gated_attention.errors import ConfigError
+from gated_attention.model import config as model_lib
+from gated_attention.model.gating import GateSpec
+from gated_attention.model.moe import MoESpec
 
 SCALES = ('tiny', 'dense_1p7b_28l', 'dense_1p7b_48l', 'moe_15a2b', 'moe_tiny', 'dense_90m')
 QWEN_VOCAB = 151_936
 
 
+# What a run directory's saved config fixes, beside the model's structure (whose fields say it
+# in their metadata, gated_attention/model/config.py): the fields below marked
+#   _iterator(...)    the data iterator's saved position depends on it: a resumption may not
+#                     change it (a warm start, train.init_from, which has no saved position, may);
+#   _checkpoint(...)  the checkpoint depends on it (the tokenizer its embeddings were trained on):
+#                     a run may not continue with another value, an evaluation may not use one.
+# runs/rundir.py reads the lists from `fixed_fields`.
+ITERATOR = 'iterator'
+CHECKPOINT = 'checkpoint'
+
+
+class _Fixed(NamedTuple):
+  value: object
+  by: str
+
+
+def _iterator(value):
+  return _Fixed(value, ITERATOR)
+
+
+def _checkpoint(value):
+  return _Fixed(value, CHECKPOINT)
+
+
+def _build(fields: dict) -> ml_collections.ConfigDict:
+  """The ConfigDict of a declaration (values unwrapped from _iterator / _checkpoint)."""
+  return ml_collections.ConfigDict({
+      k: _build(v) if isinstance(v, dict) else v.value if isinstance(v, _Fixed) else v
+      for k, v in fields.items()})
+
+
+def _marks(fields: dict, prefix: str = '') -> dict:
+  out = {}
+  for k, v in fields.items():
+    if isinstance(v, _Fixed):
+      out[prefix + k] = v.by
+    elif isinstance(v, dict):
+      out.update(_marks(v, f'{prefix}{k}.'))
+  return out
+
+
+def fixed_fields(by: str) -> tuple[str, ...]:
+  """The dotted config paths marked `by` (ITERATOR or CHECKPOINT) outside `model`; a marked
+  section (data.synthetic) is one path."""
+  marks = _marks(dict(_run_fields('tiny'), train=_train_fields(), data=_data_fields()))
+  return tuple(path for path, mark in marks.items() if mark == by)
+
+
 def gate_config() -> ml_collections.ConfigDict:
-  """The gate spec. `position='none'` is the ungated baseline (see gating.py)."""
-  return ml_collections.ConfigDict(dict(
-      position='none',          # none | g1 (SDPA out) | g2 (value) | g3 (key) | g4 (query) | g5 (W_O out)
-      kind='gate',              # gate | rmsnorm (per-head RMSNorm of Y) | silu_noparam (SiLU(Y)); the last two G1 only
-      granularity='elementwise',  # elementwise | headwise (one scalar per head)
-      head_shared=False,        # average the per-head gate over heads and apply it to every head
-      shared_reduce='score',    # head-shared: average post-activation scores ('score') or logits ('logit')
-      mode='multiplicative',    # multiplicative: Y * act(XW) | additive: Y + act(XW)
-      activation='sigmoid',     # sigmoid | silu | ns_sigmoid (0.5 + 0.5 sigmoid) | identity
-      input_dependent=True,     # False: a learnable zero-initialised parameter, no dependence on X
-      after_qk_norm_rope=False,  # G3/G4 only: gate after QK-norm and RoPE instead of on the projection
-  ))
+  """The gate spec: GateSpec's fields and defaults (gating.py documents each);
+  `position='none'` is the ungated baseline."""
+  return ml_collections.ConfigDict(model_lib.config_defaults(GateSpec)[0])
 
 
 def moe_config() -> ml_collections.ConfigDict:
-  """Mixture-of-Experts settings. `num_experts=0` is a dense FFN."""
-  return ml_collections.ConfigDict(dict(
-      num_experts=0,
-      top_k=0,
-      expert_ffn_size=0,
-      num_shared_experts=0,
-      renormalize=False,        # renormalise the selected top-k probabilities to sum to 1
-      lb_loss_coef=1e-3,
-      lb_loss_type='global',    # global (statistics over the whole global batch) | sequence
-      router_z_loss_coef=1e-3,
-      dispatch='dropless',      # dropless (sorted tokens + ragged_dot) | capacity
-      capacity_factor=1.25,
-      # dropless grouped expert matmuls: auto (megablox on TPU meshes, else ragged_dot) |
-      # ragged_dot | megablox (Pallas TPU kernels; ragged_dot's weight gradient is dense over all
-      # experts on TPU). megablox tiles K/N by 128s, or whole when not a multiple of 128 (<= 2048).
-      grouped_matmul='auto',
-  ))
+  """Mixture-of-Experts settings: MoESpec's fields and defaults (moe.py documents each).
+  `num_experts=0` is a dense FFN."""
+  return ml_collections.ConfigDict(model_lib.config_defaults(MoESpec)[0])
 
 
 def model_config(scale: str) -> ml_collections.ConfigDict:
-  m = ml_collections.ConfigDict(dict(
-      vocab_size=384,
-      num_layers=4,
-      hidden_size=128,
-      num_heads=4,
-      num_kv_heads=2,
-      head_dim=32,
-      ffn_size=384,
-      ffn_match_baseline=False,  # dense: narrow the FFN so a gated model keeps the baseline's size
-      tie_embeddings=True,
-      qk_norm=True,
-      sandwich_norm=False,
-      norm_eps=1e-6,
-      rope_base=10_000.0,
-      rope_scaling=ml_collections.ConfigDict(dict(
-          type='none',          # none | yarn (filled in by the long-context work)
-          factor=1.0,
-          original_max_len=4096,
-      )),
-      init_std=0.02,
-      dtype='float32',          # compute dtype; params are always float32
-      # none | full | save_attention (full, but keep the splash kernel's output and
-      # log-sum-exp) | dots (save matmul outputs) | dots_no_batch
-      remat='none',
-      # True: the blocks run in a loop (nnx.scan over the stacked [L, ...] parameters), so a
-      # 48-layer model compiles like a 1-layer one. False: the same scan unrolled, one copy of the
-      # block per layer: XLA fuses and schedules across layers and keeps no stacked per-layer
-      # buffers (on CPU, 2 cores: ~10% faster steps for the 4-layer models of benchmarks/
-      # shapes.py, same compile time); compile time grows with depth, so the paper's scales scan.
-      # Parameters and checkpoints are the same either way.
-      scan_layers=True,
-      # auto (splash on TPU, cudnn on GPU where they fit, chunked / blockwise on CPU, else xla)
-      # | xla | cudnn | splash (Pallas, TPU) | blockwise (pure-JAX online softmax) | chunked
-      # (pure-JAX causal query chunks); gated_attention/model/attention_kernels.py
-      attention_impl='auto',
-      attention_block_q=0,      # splash / blockwise query tile, chunked query chunk (0: 512
-                                # splash, 128 blockwise and chunked)
-      attention_block_kv=0,     # splash / blockwise key tile; both divide data.seq_len (splash:
-                                # multiples of 128); capped at data.seq_len
-      attention_fused_bwd=True,  # splash: one backward kernel (dq, dk, dv) instead of two
-      gate=gate_config(),
-      # G1 sigmoid multiplicative gates computed from X (gate.position='g1', headwise or
-      # elementwise, not head-shared): one matmul yields the queries and the gate's logits, as the
-      # authors build it (gating.py); False: a separate projection (same numbers in float32).
-      # Other gates always use the separate path.
-      fused_gate_projection=True,
-      moe=moe_config(),
-  ))
+  """The `model` section: ModelConfig's fields and defaults (gated_attention/model/config.py
+  declares and documents each, with the gate, MoE and RoPE-scaling sections and what a saved
+  run may change), then the scale's values."""
+  m = ml_collections.ConfigDict(model_lib.config_defaults()[0])
   if scale == 'tiny':
     m.update(scan_layers=False)
   elif scale == 'dense_1p7b_28l':
@@ -127,40 +123,48 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
   return m
 
 
-def data_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      source='builtin',         # builtin | text | jsonl | arrayrecord | parquet | hf | synthetic
-      path='',                  # glob for text/jsonl/arrayrecord/parquet; dataset name for hf
-      hf_config='',             # hf: dataset config name
-      hf_split='train',
-      text_field='text',        # jsonl/parquet/hf/arrayrecord(JSON records) field with the text
-      tokenizer='byte',         # byte | path to a HF tokenizer.json | path to a sentencepiece .model
-      seq_len=128,
-      val_fraction=0.01,        # held-out documents (by a hash of their index)
+def _data_fields() -> dict:
+  return dict(
+      # builtin | text | jsonl | arrayrecord | parquet | hf | synthetic
+      source=_iterator('builtin'),
+      path=_iterator(''),       # glob for text/jsonl/arrayrecord/parquet; dataset name for hf
+      hf_config=_iterator(''),  # hf: dataset config name
+      hf_split=_iterator('train'),
+      # jsonl/parquet/hf/arrayrecord(JSON records) field with the text
+      text_field=_iterator('text'),
+      # byte | path to a HF tokenizer.json | path to a sentencepiece .model
+      tokenizer=_checkpoint('byte'),
+      seq_len=_iterator(128),
+      val_fraction=_iterator(0.01),  # held-out documents (by a hash of their index)
       val_batches=4,            # batches in one validation pass
-      shuffle_buffer=1024,
+      shuffle_buffer=_iterator(1024),
       worker_count=0,
       document_mask=False,      # attend only within each document of a packed window (from BOS)
       device_prefetch=2,        # batches read and put on the devices ahead of the step (0: none)
       # RULER-style task documents mixed into the training documents (input_pipeline/ruler.py):
-      mix_tasks='',             # comma-separated task names, or 'all' ('': none)
-      mix_ratio=0.0,            # share of the training tokens in task documents (0: off)
-      mix_tokens=0,             # tokens per task document, BOS included (0: data.seq_len / 2)
-      task='bigram_backcopy',   # source=synthetic: bigram_backcopy | icl_bigram (see synthetic.py)
-      synthetic=ml_collections.ConfigDict(dict(  # source=synthetic; data.tokenizer is not used
+      mix_tasks=_iterator(''),  # comma-separated task names, or 'all' ('': none)
+      mix_ratio=_iterator(0.0),  # share of the training tokens in task documents (0: off)
+      mix_tokens=_iterator(0),  # tokens per task document, BOS included (0: data.seq_len / 2)
+      # source=synthetic: bigram_backcopy | icl_bigram (see synthetic.py)
+      task=_iterator('bigram_backcopy'),
+      synthetic=_iterator(dict(  # source=synthetic; data.tokenizer is not used
           vocab=64,             # regular tokens (ids 0..vocab-1); BOS is id vocab
           triggers=3,           # trigger tokens among them
           branching=8,          # successors per token in the random bigram transition matrix
           doc_len=0,            # tokens per document, BOS included (0: seq_len + 1, one per window)
           task_seed=0,          # draws the triggers and transition matrix (config.seed: the data)
       )),
-  ))
+  )
 
 
-def train_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
+def data_config() -> ml_collections.ConfigDict:
+  return _build(_data_fields())
+
+
+def _train_fields() -> dict:
+  return dict(
       steps=600,
-      batch_size=16,            # global batch, in sequences
+      batch_size=_iterator(16),  # global batch, in sequences
       grad_accum=1,             # micro-batches per step (batch_size must divide)
       learning_rate=3e-3,
       min_learning_rate=3e-5,
@@ -191,7 +195,11 @@ def train_config() -> ml_collections.ConfigDict:
       on_failure='halt',        # halt | rollback (to the best checkpoint, learning rate scaled)
       rollback_lr_factor=0.5,
       max_rollbacks=3,
-  ))
+  )
+
+
+def train_config() -> ml_collections.ConfigDict:
+  return _build(_train_fields())
 
 
 def long_context_config() -> ml_collections.ConfigDict:
@@ -265,12 +273,17 @@ def _accelerator_recipe(c: ml_collections.ConfigDict):
                  min_learning_rate=1e-4, eval_every=500, checkpoint_every=1000, log_every=50)
 
 
+def _run_fields(scale: str) -> dict:
+  return dict(
+      variant='baseline',
+      scale=scale,
+      seed=_iterator(0),        # the parameters' initialisation and the data order
+  )
+
+
 def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
   scale = scale or 'tiny'
-  c = ml_collections.ConfigDict()
-  c.variant = 'baseline'
-  c.scale = scale
-  c.seed = 0
+  c = _build(_run_fields(scale))
   c.model = model_config(scale)
   c.data = data_config()
   c.train = train_config()
@@ -282,6 +295,18 @@ def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
   return c
 
 
+# Keys that earlier versions of this code wrote to config.json and this version no longer has,
+# with what opening such a run does: ('rename', 'new.path') moves the value there (unless the
+# saved config has the new key too), ('drop', 'why') forgets it. Every field since the first
+# config (configs/base.py's git history up to the packages reorganisation) still exists: the
+# table is empty. A change that renames or removes a field adds its row here, so the run
+# directories saved before it still open; any other unknown key is refused (from_saved).
+RETIRED_KEYS: dict[str, tuple[str, str]] = {}
+# Sections that other code adds to a run's config, kept as saved: the Hugging Face source of an
+# --mode=import run (gated_attention/runs/hf/hf_config.py).
+EXTRA_SECTIONS = ('hf',)
+
+
 def _overlay(defaults: dict, saved: dict) -> dict:
   out = dict(defaults)
   for k, v in saved.items():
@@ -290,9 +315,63 @@ def _overlay(defaults: dict, saved: dict) -> dict:
   return out
 
 
-def from_saved(saved: dict) -> ml_collections.ConfigDict:
+def _unknown_keys(defaults: dict, saved: dict, prefix: str = '') -> list[str]:
+  out = []
+  for k, v in saved.items():
+    if k not in defaults:
+      out.append(prefix + k)
+    elif isinstance(v, dict) and isinstance(defaults[k], dict):
+      out += _unknown_keys(defaults[k], v, f'{prefix}{k}.')
+  return out
+
+
+def _upgrade(saved: dict, source: str) -> dict:
+  """`saved` with the RETIRED_KEYS it holds renamed or dropped."""
+  saved = copy.deepcopy(saved)
+
+  def parent(path, create=False):
+    node = saved
+    for part in path.split('.')[:-1]:
+      if create and isinstance(node, dict):
+        node.setdefault(part, {})
+      if not isinstance(node, dict) or part not in node:
+        return None
+      node = node[part]
+    return node if isinstance(node, dict) else None
+
+  for path, (action, arg) in RETIRED_KEYS.items():
+    node, key = parent(path), path.split('.')[-1]
+    if node is None or key not in node:
+      continue
+    value = node.pop(key)
+    if action == 'rename':
+      new_parent, new_key = parent(arg, create=True), arg.split('.')[-1]
+      if new_parent is not None:
+        new_parent.setdefault(new_key, value)
+      logging.info('%s: the retired key %s is now %s.', source, path, arg)
+    elif action == 'drop':
+      logging.warning('%s: the retired key %s (= %r) is ignored: %s', source, path, value, arg)
+    else:
+      raise ValueError(f'configs/base.py RETIRED_KEYS[{path!r}]: unknown action {action!r} '
+                       '(rename | drop).')
+  return saved
+
+
+def from_saved(saved: dict, source: str = 'the saved config.json') -> ml_collections.ConfigDict:
   """A run's saved config (config.json), with fields added to this file since then set to their
-  defaults, so runs written by an older version of the code still open."""
+  defaults and the keys retired since then (RETIRED_KEYS) upgraded, so runs written by an older
+  version of the code still open. A key that this code does not know otherwise is refused by
+  name (ConfigError): a config written by a newer version or edited by hand would run with
+  some of its settings ignored. `source` names the file in messages."""
+  saved = _upgrade(saved, source)
   scale = saved.get('scale', 'tiny')
   defaults = get_config(scale if scale in SCALES else 'tiny').to_dict()
+  unknown = _unknown_keys(defaults, {k: v for k, v in saved.items() if k not in EXTRA_SECTIONS})
+  if unknown:
+    raise ConfigError(
+        f'{source} has key(s) that this version of the code does not know: '
+        f'{", ".join(unknown)}. It was written by other code (a newer version, or edited by '
+        'hand); open it with that code, or remove those keys from the file. (A key that this '
+        'code renamed or removed belongs in configs/base.py RETIRED_KEYS, so that older runs '
+        'still open.)')
   return ml_collections.ConfigDict(_overlay(defaults, saved))

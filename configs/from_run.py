@@ -2,7 +2,8 @@
 
 Continue a run with exactly its own settings, or start a new run from them with a few overrides
 (`--workdir=runs/NEW --config=configs/from_run.py:runs/NAME --config.seed=1`). Fields added to
-configs/base.py since the run was saved take their defaults.
+configs/base.py since the run was saved take their defaults; keys this code does not know are
+refused by name, except those retired since (configs/base.py RETIRED_KEYS).
 """
 
 import json
@@ -20,4 +21,5 @@ def get_config(run: str = ''):
     raise ValueError(f'configs/from_run.py:{run}: {path} does not exist (pass a run directory '
                      'that holds config.json, or the path of a config.json).')
   with open(path) as f:
-    return base.from_saved(json.load(f))
+    saved = json.load(f)
+  return base.from_saved(saved, source=path)

@@ -1,4 +1,10 @@
-"""configs/: every variant builds and validates, scale errors, and remat policies are exact."""
+"""configs/: every variant builds and validates, scale errors, remat policies are exact, and the
+model section is the model dataclasses' schema (unknown keys refused, older runs upgraded)."""
+
+import dataclasses
+import json
+import re
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +12,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import base
-from gated_attention.model import gating, transformer as model
+from configs import base, from_run
+from gated_attention.errors import CheckpointError, ConfigError
+from gated_attention.model import config as model_config_lib
+from gated_attention.model import gating, moe as moe_lib, rope as rope_lib, transformer as model
 from tests import reference as ref
 from tests.jax_helpers import model_config
 
@@ -194,3 +202,137 @@ def test_unknown_remat_policy_is_rejected():
   with pytest.raises(ValueError, match='remat'):
     m = model.Transformer(model_config(cfg), rngs=nnx.Rngs(0))
     m(jax.random.randint(jax.random.key(0), (1, 4), 0, cfg.vocab_size))
+
+
+# --------------------------------------------------------------------------------------------
+# One schema: the model section is the dataclasses' fields and defaults; what a saved run may
+# change is declared on the fields; unknown keys are refused by name
+# --------------------------------------------------------------------------------------------
+
+SCHEMA_SECTIONS = {'': model_config_lib.ModelConfig, 'gate': gating.GateSpec,
+                   'moe': moe_lib.MoESpec, 'rope_scaling': rope_lib.RopeScaling}
+
+
+def _section(m, path):
+  return m if not path else m[path]
+
+
+def _config_fields(cls):
+  return [f for f in dataclasses.fields(cls) if f.metadata.get('in_config', True)]
+
+
+@pytest.mark.parametrize('scale', base.SCALES)
+def test_model_section_keys_are_the_dataclass_fields(scale):
+  """Every key of the `model` section (and of its gate, moe, rope_scaling sections) is a field
+  of its dataclass or a declared resolved key, and every field is a key, with a value of the
+  field's type (int stays int, float float)."""
+  m = base.model_config(scale).to_dict()
+  for path, cls in SCHEMA_SECTIONS.items():
+    section = _section(m, path)
+    keys = {f.name for f in _config_fields(cls)}
+    if cls is model_config_lib.ModelConfig:
+      keys |= set(model_config_lib.RESOLVED_KEYS)
+    assert set(section) == keys, path
+    for f in _config_fields(cls):
+      if 'section' in f.metadata:
+        assert isinstance(section[f.name], dict), f.name
+        continue
+      assert type(section[f.name]) is typing.get_type_hints(cls)[f.name], (path, f.name)
+
+
+def test_model_section_defaults_are_the_dataclass_defaults():
+  """The section's defaults are the dataclasses' defaults (the tiny scale adds only
+  scan_layers=False), and ModelConfig.from_config of the defaults is the dataclass default but
+  for what it resolves."""
+  m = base.model_config('tiny').to_dict()
+  assert m.pop('scan_layers') is False
+  for path, cls in SCHEMA_SECTIONS.items():
+    for f in _config_fields(cls):
+      if 'section' not in f.metadata and f.name in _section(m, path):
+        assert _section(m, path)[f.name] == f.default, (path, f.name)
+  for name, (default, into) in model_config_lib.RESOLVED_KEYS.items():
+    assert m[name] == default and into in {f.name for f in dataclasses.fields(
+        model_config_lib.ModelConfig)}
+  assert dict(base.gate_config()) == dataclasses.asdict(gating.GateSpec())
+  assert dict(base.moe_config()) == {f.name: f.default for f in dataclasses.fields(
+      moe_lib.MoESpec)}
+  cfg = model_config_lib.ModelConfig.from_config(base.model_config('tiny'), platform='cpu')
+  assert cfg == dataclasses.replace(model_config_lib.ModelConfig(), scan_layers=False,
+                                    platform='cpu')
+
+
+def test_what_a_saved_run_may_change_is_declared_on_the_fields():
+  from gated_attention.runs import rundir  # pylint: disable=g-import-not-at-top
+  assert set(rundir.MODEL_FREE) == {'remat', 'attention_impl', 'attention_block_q',
+                                    'attention_block_kv', 'attention_fused_bwd', 'dtype'}
+  assert set(rundir.EVAL_FREE) == set(rundir.MODEL_FREE) | {'rope_base', 'rope_scaling'}
+  assert rundir.CHECKPOINT_FIELDS == ('data.tokenizer',)
+  assert set(rundir.ITERATOR_FIELDS) == {
+      'seed', 'train.batch_size', 'data.seq_len', 'data.source', 'data.path', 'data.hf_config',
+      'data.hf_split', 'data.text_field', 'data.val_fraction', 'data.shuffle_buffer',
+      'data.task', 'data.synthetic', 'data.mix_tasks', 'data.mix_ratio', 'data.mix_tokens'}
+  c = base.get_config('tiny').to_dict()
+  for path in rundir.ITERATOR_FIELDS + rundir.CHECKPOINT_FIELDS:
+    node = c
+    for part in path.split('.'):
+      node = node[part]                                   # every declared path exists
+  saved, now = dict(c, seed=0), dict(c, seed=7, model=dict(c['model'], remat='full'))
+  assert rundir.config_differences(saved, now) == []
+  assert rundir.iterator_differences(saved, now) == ['seed: saved 0, now 7']
+  now['data'] = dict(c['data'], tokenizer='other.json')
+  assert rundir.config_differences(saved, now) == [
+      "data.tokenizer: saved 'byte', now 'other.json'"]
+
+
+@pytest.mark.parametrize('path, key', [('', 'num_layer'), ('gate', 'postion'),
+                                       ('moe', 'topk'), ('rope_scaling', 'facter')])
+def test_unknown_model_keys_are_refused_by_name(path, key):
+  m = base.model_config('moe_tiny').to_dict()
+  _section(m, path)[key] = 1
+  where = 'config.model' + (f'.{path}' if path else '')
+  with pytest.raises(ConfigError, match=rf'{re.escape(where)} has unknown field\(s\) {key};'
+                     r'.*Remove or rename'):
+    model_config_lib.ModelConfig.from_config(m, platform='cpu')
+
+
+def _write_run(tmp_path, saved):
+  run = tmp_path / 'run'
+  run.mkdir()
+  with open(run / 'config.json', 'w') as f:
+    json.dump(saved, f)
+  return str(run)
+
+
+def test_saved_config_with_unknown_keys_is_refused_by_name(tmp_path):
+  from gated_attention.runs import rundir  # pylint: disable=g-import-not-at-top
+  saved = base.get_config('tiny').to_dict()
+  saved['model']['gate']['sharpness'] = 2.0
+  saved['train']['lr_schedule'] = 'linear'
+  run = _write_run(tmp_path, saved)
+  with pytest.raises(ConfigError, match=r'has key\(s\) that this version of the code does not '
+                     r'know: model\.gate\.sharpness, train\.lr_schedule\. .*remove those keys'):
+    from_run.get_config(run)
+  with pytest.raises(CheckpointError, match=r'config\.json has key.*model\.gate\.sharpness.*new '
+                     r'--workdir'):
+    rundir.check_or_write_config(run, base.get_config('tiny'))
+
+
+def test_saved_config_from_an_earlier_version_opens(tmp_path, monkeypatch):
+  """A key that an earlier version wrote and was renamed since moves to its new name; one that
+  was removed is dropped; a field added since takes its default; the import's hf section stays."""
+  monkeypatch.setattr(base, 'RETIRED_KEYS', {
+      'model.attn_impl': ('rename', 'model.attention_impl'),
+      'train.old_schedule': ('drop', 'the schedule is always cosine')})
+  saved = base.get_config('tiny').to_dict()
+  del saved['model']['attention_impl'], saved['model']['fused_gate_projection']
+  saved['model']['attn_impl'] = 'xla'
+  saved['train']['old_schedule'] = 'cosine'
+  saved['hf'] = {'source': '/hf/model', 'config_json': '{}'}
+  c = from_run.get_config(_write_run(tmp_path, saved))
+  assert c.model.attention_impl == 'xla' and 'attn_impl' not in c.model
+  assert 'old_schedule' not in c.train
+  assert c.model.fused_gate_projection is True
+  assert c.hf.source == '/hf/model'
+  expected = base.get_config('tiny')
+  expected.model.attention_impl = 'xla'
+  assert {k: v for k, v in c.to_dict().items() if k != 'hf'} == expected.to_dict()

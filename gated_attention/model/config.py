@@ -9,6 +9,12 @@ the boundary (train.Setup, the analysis, the import), resolving what depends on 
 FFN width with `ffn_match_baseline`, the MoE grouped-matmul kernel for the platform) and
 validating every field in one place, with messages that name the --config field. Modules take
 a ModelConfig; it is hashable, so a model's graphdef is too and compiled functions cache on it.
+
+The dataclasses are also the `model` section's one schema: configs/base.py builds the section
+from `config_defaults()` (ModelConfig's fields, with GateSpec, MoESpec and RopeScaling as its
+gate, moe and rope_scaling sections, and RESOLVED_KEYS), so each field, its default and its
+comment are written once, here; each field's metadata says whether a saved run may change it
+(`free_fields`, read by runs/rundir.py). `from_config` refuses keys it does not know, by name.
 """
 
 import dataclasses
@@ -25,37 +31,88 @@ from gated_attention.model.rope import RopeScaling
 REMAT = ('none', 'full', 'save_attention', 'dots', 'dots_no_batch')
 ATTENTION_IMPLS = attention_kernels.IMPLS  # auto | xla | cudnn | splash | blockwise | chunked
 ROPE_SCALINGS = ('none', 'yarn')
-__all__ = ['ModelConfig', 'RopeScaling', 'dense_ffn_size']
+__all__ = ['ModelConfig', 'RopeScaling', 'dense_ffn_size', 'config_defaults', 'free_fields',
+           'RESOLVED_KEYS']
+
+# Field metadata: what a run directory's saved config may change (runs/rundir.py). A model field
+# without it is fixed by the checkpoint: a resumption or an evaluation with another value is
+# refused.
+FREE_ON_RESUME = {'free': 'resume'}          # the checkpoint does not depend on it: a resumption
+                                             # (and an evaluation) may change it
+FREE_IN_EVALUATION = {'free': 'evaluation'}  # no parameter depends on it, but the run trained
+                                             # with it: an evaluation may change it, a
+                                             # resumption may not
+NOT_IN_CONFIG = {'in_config': False}         # resolved by from_config, not a run-config key
+
+
+def _section(spec, default, **metadata):
+  """A field holding a section of the run config whose keys are the fields of the dataclass
+  `spec` (the section's defaults are spec's, not `default`)."""
+  return dataclasses.field(default=default, metadata=dict(metadata, section=spec))
+
+
+# Keys of the run config's `model` section that are no ModelConfig field: from_config resolves
+# each into the field named beside it (and configs/base.py places the key after that field).
+RESOLVED_KEYS = {
+    # dense: narrow the FFN so a gated model keeps the baseline's size (dense_ffn_size)
+    'ffn_match_baseline': (False, 'ffn_size'),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Every setting of the decoder (configs/base.py `model_config` documents each field)."""
-  vocab_size: int
-  num_layers: int
-  hidden_size: int
-  num_heads: int
-  num_kv_heads: int
-  head_dim: int
-  ffn_size: int                 # the dense SwiGLU width, after ffn_match_baseline (0 with MoE)
+  """Every setting of the decoder: the run config's `model` section (configs/base.py builds it
+  from these fields and defaults, plus RESOLVED_KEYS; each scale then overrides a few). The
+  defaults are the CPU-sized model that the `tiny` scale trains."""
+  vocab_size: int = 384
+  num_layers: int = 4
+  hidden_size: int = 128
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 32
+  ffn_size: int = 384           # the dense SwiGLU width, after ffn_match_baseline (0 with MoE)
   tie_embeddings: bool = True
   qk_norm: bool = True
   sandwich_norm: bool = False
   norm_eps: float = 1e-6
-  rope_base: float = 10_000.0
-  rope_scaling: RopeScaling = RopeScaling()
+  # The positions' encoding, which no parameter depends on: an evaluation may raise the base or
+  # add YaRN (context extension, Qiu et al. 2025, Sec. 4.4).
+  rope_base: float = dataclasses.field(default=10_000.0, metadata=FREE_IN_EVALUATION)
+  rope_scaling: RopeScaling = _section(RopeScaling, RopeScaling(), **FREE_IN_EVALUATION)
   init_std: float = 0.02
-  dtype: str = 'float32'        # compute dtype; parameters are always float32
-  remat: str = 'none'
-  scan_layers: bool = True      # False: the layer loop unrolled (CPU-scale models: faster steps)
-  attention_impl: str = 'auto'
-  attention_block_q: int = 0    # splash / blockwise tiles (0: the kernel's default; capped at T)
-  attention_block_kv: int = 0
-  attention_fused_bwd: bool = True  # splash: one backward kernel for dq, dk, dv
-  platform: str = ''            # where the model runs (from_config; '': JAX's default backend)
-  gate: GateSpec = GateSpec()
-  fused_gate_projection: bool = True  # queries and gate logits from one matmul where the gate fuses
-  moe: MoESpec | None = None    # None: a dense SwiGLU FFN
+  # compute dtype; parameters are always float32
+  dtype: str = dataclasses.field(default='float32', metadata=FREE_ON_RESUME)
+  # none | full | save_attention (full, but keep the splash kernel's output and
+  # log-sum-exp) | dots (save matmul outputs) | dots_no_batch
+  remat: str = dataclasses.field(default='none', metadata=FREE_ON_RESUME)
+  # True: the blocks run in a loop (nnx.scan over the stacked [L, ...] parameters), so a
+  # 48-layer model compiles like a 1-layer one. False: the same scan unrolled, one copy of the
+  # block per layer: XLA fuses and schedules across layers and keeps no stacked per-layer
+  # buffers (on CPU, 2 cores: ~10% faster steps for the 4-layer models of benchmarks/
+  # shapes.py, same compile time); compile time grows with depth, so the paper's scales scan.
+  # Parameters and checkpoints are the same either way.
+  scan_layers: bool = True
+  # auto (splash on TPU, cudnn on GPU where they fit, chunked / blockwise on CPU, else xla)
+  # | xla | cudnn | splash (Pallas, TPU) | blockwise (pure-JAX online softmax) | chunked
+  # (pure-JAX causal query chunks); gated_attention/model/attention_kernels.py
+  attention_impl: str = dataclasses.field(default='auto', metadata=FREE_ON_RESUME)
+  # splash / blockwise query tile, chunked query chunk (0: 512 splash, 128 blockwise and chunked)
+  attention_block_q: int = dataclasses.field(default=0, metadata=FREE_ON_RESUME)
+  # splash / blockwise key tile; both divide data.seq_len (splash: multiples of 128); capped at
+  # data.seq_len
+  attention_block_kv: int = dataclasses.field(default=0, metadata=FREE_ON_RESUME)
+  # splash: one backward kernel (dq, dk, dv) instead of two
+  attention_fused_bwd: bool = dataclasses.field(default=True, metadata=FREE_ON_RESUME)
+  # where the model runs (from_config; '': JAX's default backend)
+  platform: str = dataclasses.field(default='', metadata=NOT_IN_CONFIG)
+  gate: GateSpec = _section(GateSpec, GateSpec())  # gating.py; the default is the ungated baseline
+  # G1 sigmoid multiplicative gates computed from X (gate.position='g1', headwise or
+  # elementwise, not head-shared): one matmul yields the queries and the gate's logits, as the
+  # authors build it (gating.py); False: a separate projection (same numbers in float32).
+  # Other gates always use the separate path.
+  fused_gate_projection: bool = True
+  # moe.py; the section's num_experts=0 (its default) is a dense SwiGLU FFN: moe=None
+  moe: MoESpec | None = _section(MoESpec, None)
 
   def __post_init__(self):
     def bad(field, msg):
@@ -95,18 +152,23 @@ class ModelConfig:
   def from_config(cls, m, *, platform: str | None = None) -> 'ModelConfig':
     """From the run config's `model` section (a ConfigDict or dict). `platform` picks the MoE
     grouped-matmul kernel and the attention kernel for 'auto' (default: JAX's default
-    backend)."""
+    backend). A key that is no field of the section (nor a RESOLVED_KEYS key) is refused by
+    name; a field the section lacks takes its default."""
     platform = platform or jax.default_backend()
     m = m.to_dict() if hasattr(m, 'to_dict') else dict(m)
-    gate = GateSpec.from_config(m['gate'])
+    _refuse_unknown('config.model', m, cls)
+    sections = {}
+    for name, spec in _sections(cls).items():
+      sections[name] = dict(m.get(name) or {})
+      _refuse_unknown(f'config.model.{name}', sections[name], spec)
+    gate = GateSpec.from_config(sections['gate'])
     moe = None
-    if m['moe']['num_experts'] > 0:
-      moe = MoESpec.from_config(m['moe'], platform)
-    fields = {f.name for f in dataclasses.fields(cls)} - {'gate', 'moe', 'rope_scaling',
-                                                          'ffn_size', 'platform'}
-    scaling = dict(m.get('rope_scaling') or {})
-    return cls(**{k: m[k] for k in fields if k in m},
-               rope_scaling=RopeScaling(**scaling),
+    if sections['moe'].get('num_experts', MoESpec.num_experts) > 0:
+      moe = MoESpec.from_config(sections['moe'], platform)
+    plain = {k for k in _config_field_names(cls) if k not in sections and k not in RESOLVED_KEYS}
+    m = dict(config_defaults()[0], **m)   # what dense_ffn_size reads, defaults included
+    return cls(**{k: m[k] for k in plain - {'ffn_size'}},
+               rope_scaling=RopeScaling(**sections['rope_scaling']),
                ffn_size=0 if moe else dense_ffn_size(m, gate),
                gate=gate, moe=moe, platform=platform)
 
@@ -132,3 +194,59 @@ def dense_ffn_size(m, gate: GateSpec | None = None) -> int:
   gate_params = gate.num_params(hidden_size=m['hidden_size'], num_heads=m['num_heads'],
                                 num_kv_heads=m['num_kv_heads'], head_dim=m['head_dim'])
   return m['ffn_size'] - round(gate_params / (3 * m['hidden_size']))
+
+
+def _sections(cls) -> dict:
+  """{field name: the dataclass of that config section} of a schema dataclass."""
+  return {f.name: f.metadata['section'] for f in dataclasses.fields(cls)
+          if 'section' in f.metadata}
+
+
+def _config_field_names(cls) -> list[str]:
+  """The run-config keys of the schema dataclass `cls`, in order (RESOLVED_KEYS after the
+  field each resolves into)."""
+  names = []
+  for f in dataclasses.fields(cls):
+    if f.metadata.get('in_config', True):
+      names.append(f.name)
+    if cls is ModelConfig:
+      names += [k for k, (_, into) in RESOLVED_KEYS.items() if into == f.name]
+  return names
+
+
+def _refuse_unknown(where: str, given: dict, cls):
+  known = _config_field_names(cls)
+  unknown = sorted(set(given) - set(known))
+  if unknown:
+    raise ConfigError(
+        f'{where} has unknown field(s) {", ".join(unknown)}; known: {", ".join(known)}. Remove '
+        'or rename them (a misspelling, or a config written by other code).')
+
+
+def config_defaults(cls=None) -> tuple[dict, dict]:
+  """(defaults, metadata) of the run config's `model` section (or of the section of the schema
+  dataclass `cls`): the defaults as a nested dict keyed like the section, and {key: its field's
+  metadata} (what a saved run may change; {} for RESOLVED_KEYS). configs/base.py builds its
+  `model` section from the defaults."""
+  cls = cls or ModelConfig
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  sections = _sections(cls)
+  defaults, metadata = {}, {}
+  for name in _config_field_names(cls):
+    if name in sections:
+      defaults[name], _ = config_defaults(sections[name])
+      metadata[name] = dict(fields[name].metadata)
+    elif name in fields:
+      defaults[name], metadata[name] = fields[name].default, dict(fields[name].metadata)
+    else:
+      defaults[name], metadata[name] = RESOLVED_KEYS[name][0], {}
+  return defaults, metadata
+
+
+def free_fields(on: str) -> tuple[str, ...]:
+  """The `model` fields (top-level keys; a section counts as a whole) that a saved run may
+  change on `on`: 'resume' (FREE_ON_RESUME) or 'evaluation' (FREE_ON_RESUME and
+  FREE_IN_EVALUATION)."""
+  allowed = {'resume': ('resume',), 'evaluation': ('resume', 'evaluation')}[on]
+  _, metadata = config_defaults()
+  return tuple(k for k, meta in metadata.items() if meta.get('free') in allowed)

@@ -60,14 +60,21 @@ _SITES = {'g1': ('sdpa', 'heads'), 'g2': ('v', 'kv_heads'), 'g3': ('k', 'kv_head
 
 @dataclasses.dataclass(frozen=True)
 class GateSpec:
+  """The gate: the run config's `model.gate` section, field for field (configs/base.py builds
+  that section from these fields and defaults). The default, `position='none'`, is the ungated
+  baseline."""
+  # none | g1 (SDPA out) | g2 (value) | g3 (key) | g4 (query) | g5 (W_O out)
   position: str = 'none'
+  # gate | rmsnorm (per-head RMSNorm of Y) | silu_noparam (SiLU(Y)); the last two G1 only
   kind: str = 'gate'
-  granularity: str = 'elementwise'
-  head_shared: bool = False
+  granularity: str = 'elementwise'  # elementwise | headwise (one scalar per head)
+  head_shared: bool = False     # average the per-head gate over heads and apply it to every head
+  # head-shared: average post-activation scores ('score') or logits ('logit')
   shared_reduce: str = 'score'
-  mode: str = 'multiplicative'
-  activation: str = 'sigmoid'
-  input_dependent: bool = True
+  mode: str = 'multiplicative'  # multiplicative: Y * act(XW) | additive: Y + act(XW)
+  activation: str = 'sigmoid'   # sigmoid | silu | ns_sigmoid (0.5 + 0.5 sigmoid) | identity
+  input_dependent: bool = True  # False: a learnable zero-initialised parameter, no dependence on X
+  # G3/G4 only: gate after QK-norm and RoPE instead of on the projection
   after_qk_norm_rope: bool = False
 
   def __post_init__(self):

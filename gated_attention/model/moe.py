@@ -95,19 +95,25 @@ def capacity_slots(experts_NxK, num_experts, capacity):
 
 @dataclasses.dataclass(frozen=True)
 class MoESpec:
-  """The MoE settings (configs/base.py `moe_config` documents each field), with the grouped
-  matmul resolved for the platform; validated on construction."""
-  num_experts: int
-  top_k: int
-  expert_ffn_size: int
+  """The MoE settings: the run config's `model.moe` section, field for field (configs/base.py
+  builds that section from these fields and defaults), validated on construction. The defaults,
+  `num_experts=0`, are a dense FFN: `ModelConfig.from_config` then builds no MoESpec (moe=None),
+  and from a section with experts it resolves `grouped_matmul='auto'` for the platform."""
+  num_experts: int = 0
+  top_k: int = 0
+  expert_ffn_size: int = 0
   num_shared_experts: int = 0
-  renormalize: bool = False
+  renormalize: bool = False     # renormalise the selected top-k probabilities to sum to 1
   lb_loss_coef: float = 1e-3
-  lb_loss_type: str = 'global'
+  lb_loss_type: str = 'global'  # global (statistics over the whole global batch) | sequence
   router_z_loss_coef: float = 1e-3
-  dispatch: str = 'dropless'
+  dispatch: str = 'dropless'    # dropless (sorted tokens + ragged_dot) | capacity
   capacity_factor: float = 1.25
-  grouped_matmul: str = 'ragged_dot'
+  # dropless grouped expert matmuls: auto (megablox on TPU meshes, else ragged_dot) |
+  # ragged_dot | megablox (Pallas TPU kernels; ragged_dot's weight gradient is dense over all
+  # experts on TPU). megablox tiles K/N by 128s, or whole when not a multiple of 128 (<= 2048).
+  # A constructed MoESpec holds the resolved kernel (from_config), never 'auto'.
+  grouped_matmul: str = 'auto'
 
   def __post_init__(self):
     def bad(field, msg):

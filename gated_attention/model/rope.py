@@ -18,10 +18,12 @@ from gated_attention.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-  """Context extension: 'none', or YaRN by `factor` over `original_max_len` positions."""
-  type: str = 'none'
-  factor: float = 1.0
-  original_max_len: int = 4096
+  """Context extension: 'none', or YaRN by `factor` over `original_max_len` positions (the run
+  config's `model.rope_scaling` section, field for field; configs/base.py builds it from these
+  defaults)."""
+  type: str = 'none'            # none | yarn (context extension, Qiu et al. 2025, Sec. 4.4)
+  factor: float = 1.0           # yarn: the context extension factor
+  original_max_len: int = 4096  # yarn: the context length the model was trained at
 
 
 def inverse_frequencies(head_dim: int, base: float, scaling=None) -> tuple[np.ndarray, float]:

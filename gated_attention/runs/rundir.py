@@ -32,7 +32,8 @@ import os
 import ml_collections
 
 from configs import base as base_config
-from gated_attention.errors import CheckpointError, UserError
+from gated_attention.errors import CheckpointError, ConfigError, UserError
+from gated_attention.model import config as model_config
 
 CONFIG_FILE = 'config.json'
 METRICS_FILE = 'metrics.jsonl'
@@ -40,21 +41,20 @@ CHECKPOINTS_DIR = 'checkpoints'     # checkpoint.py's
 ANALYSIS_DIR = 'analysis'
 REPORT_FILE = 'report.json'
 LOGS_DIR = 'logs'
-# Config fields that may change between a run and its resumption (they do not change what the
-# checkpoint holds); any other difference in config.model or these data fields is refused.
-MODEL_FREE = ('remat', 'attention_impl', 'attention_block_q', 'attention_block_kv',
-              'attention_fused_bwd', 'dtype')
+# What may differ from a run's saved config is declared on the config's fields: the model's in
+# their dataclass metadata (gated_attention/model/config.py), the rest in configs/base.py.
+# Model fields that may change between a run and its resumption (they do not change what the
+# checkpoint holds); any other difference in config.model or CHECKPOINT_FIELDS is refused.
+MODEL_FREE = model_config.free_fields('resume')
 # Model fields that evaluating a checkpoint may change as well (analysis, sampling, long-context
 # evaluation): the positions' encoding, which no parameter depends on (context extension with a
 # raised RoPE base or YaRN, Qiu et al. 2025, Sec. 4.4).
-EVAL_FREE = MODEL_FREE + ('rope_base', 'rope_scaling')
-DATA_FIXED = ('tokenizer',)
+EVAL_FREE = model_config.free_fields('evaluation')
+# Fields outside config.model that the checkpoint depends on (the tokenizer).
+CHECKPOINT_FIELDS = base_config.fixed_fields(base_config.CHECKPOINT)
 # What the saved position of the data iterator depends on: a resumption may not change it (a
 # warm start, which has no saved position, may).
-ITERATOR_FIELDS = ('seed', 'train.batch_size', 'data.seq_len', 'data.source', 'data.path',
-                   'data.hf_config', 'data.hf_split', 'data.text_field', 'data.val_fraction',
-                   'data.shuffle_buffer', 'data.task', 'data.synthetic', 'data.mix_tasks',
-                   'data.mix_ratio', 'data.mix_tokens')
+ITERATOR_FIELDS = base_config.fixed_fields(base_config.ITERATOR)
 
 
 def _flatten(d, prefix=''):
@@ -70,15 +70,15 @@ def _flatten(d, prefix=''):
 def config_differences(saved: dict, current: dict) -> list[str]:
   """Fields that make a saved run incompatible with the current config."""
   diffs = []
-  saved_m = {k: v for k, v in _flatten(saved.get('model', {})).items() if k not in MODEL_FREE}
-  cur_m = {k: v for k, v in _flatten(current['model']).items() if k not in MODEL_FREE}
+  def fixed(model):
+    return {k: v for k, v in _flatten(model).items() if k.split('.')[0] not in MODEL_FREE}
+  saved_m, cur_m = fixed(saved.get('model', {})), fixed(current['model'])
   for k in sorted(set(saved_m) | set(cur_m)):
     if saved_m.get(k) != cur_m.get(k):
       diffs.append(f'model.{k}: saved {saved_m.get(k)!r}, now {cur_m.get(k)!r}')
-  for k in DATA_FIXED:
-    a, b = saved.get('data', {}).get(k), current['data'].get(k)
-    if a != b:
-      diffs.append(f'data.{k}: saved {a!r}, now {b!r}')
+  for k in CHECKPOINT_FIELDS:
+    if _get(saved, k) != _get(current, k):
+      diffs.append(f'{k}: saved {_get(saved, k)!r}, now {_get(current, k)!r}')
   return diffs
 
 
@@ -104,9 +104,13 @@ def read_saved_config(workdir: str) -> dict | None:
     return None
   try:
     with open(path) as f:
-      return base_config.from_saved(json.load(f)).to_dict()
+      saved = json.load(f)
   except (OSError, ValueError) as e:
     raise CheckpointError(f'{path} is unreadable ({e}); use a new --workdir.') from e
+  try:
+    return base_config.from_saved(saved, source=path).to_dict()
+  except ConfigError as e:
+    raise CheckpointError(f'{e} Or use a new --workdir.') from e
 
 
 def check_workdir(workdir: str):
@@ -170,7 +174,7 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
       saved = json.load(f)
   except (OSError, ValueError) as e:
     raise RunError(f'{path} is unreadable ({e}).') from e
-  return base_config.from_saved(saved)
+  return base_config.from_saved(saved, source=path)
 
 
 def read_metrics(workdir: str, *, every_row: bool = False) -> list[dict]:
@@ -250,7 +254,7 @@ def fixed_by_checkpoint(path: str) -> bool:
   """Whether the checkpoint fixes this config field (the model's structure, the tokenizer)."""
   parts = path.split('.')
   return ((parts[0] == 'model' and parts[1] not in EVAL_FREE)
-          or path in tuple(f'data.{k}' for k in DATA_FIXED))
+          or path in CHECKPOINT_FIELDS)
 
 
 def _saved_value(saved, path: str):
