@@ -87,14 +87,19 @@ class Attention(Inspectable, nnx.Module):
     self.k_norm = RMSNorm(d, eps=cfg.norm_eps, axis_name='head_dim') if cfg.qk_norm else None
     self.rope = RoPE(d, cfg.rope_base, cfg.rope_scaling)
     self.gate = gating.Gate(cfg.gate, hidden_size=D, num_heads=H, num_kv_heads=K, head_dim=d,
-                            init_std=std, rngs=rngs, norm_eps=cfg.norm_eps)
+                            init_std=std, rngs=rngs, norm_eps=cfg.norm_eps,
+                            fuse_with_query=cfg.fused_gate_projection)
     self.dtype = cfg.compute_dtype
-    self.fused_gate = cfg.fused_gate_projection and cfg.gate.fuses_with_query
     self.impl, self.platform = cfg.attention_impl, cfg.platform
     self.blocks = (cfg.attention_block_q, cfg.attention_block_kv)
     self.fused_bwd = cfg.attention_fused_bwd
     self.attn_map_len = ATTN_MAP_LEN
     self.inspect = False
+
+  @property
+  def fused_gate(self) -> bool:
+    """Whether the gate's logits come out of the query projection (gating.Gate.queries)."""
+    return self.gate.fused
 
   def __call__(self, x_BxTxD: jax.Array, positions_BxT: jax.Array, kv=None,
                segment_ids_BxT=None, rope_tables=None):
@@ -104,7 +109,7 @@ class Attention(Inspectable, nnx.Module):
     `rope_tables`: `self.rope.tables(positions_BxT)`, computed once for all layers (model.py),
     or None: computed here."""
     dt, gate = self.dtype, self.gate
-    q, gate_logits = self._queries(x_BxTxD)
+    q, gate_logits = gate.queries(x_BxTxD, self.wq[...], dt)
     k = project(x_BxTxD, self.wk[...].astype(dt))
     v = project(x_BxTxD, self.wv[...].astype(dt))
     q, k, v = gate('q', q, x_BxTxD), gate('k', k, x_BxTxD), gate('v', v, x_BxTxD)
@@ -132,19 +137,6 @@ class Attention(Inspectable, nnx.Module):
       self.sow(nnx.Intermediate, 'sdpa_post_gate', sparsity(y_BxTxHxd))
     out_BxTxD = project_in(y_BxTxHxd, self.wo[...].astype(dt))
     return gate('out', out_BxTxD, x_BxTxD), kv
-
-  def _queries(self, x_BxTxD: jax.Array) -> tuple[jax.Array, jax.Array | None]:
-    """The queries [B, T, H, d] in the compute dtype, and the gate's float32 logits [B, T, H, n]
-    when the gate fuses with the query projection (gating.py; n = d elementwise, 1 headwise),
-    else None: one einsum over the per-head concatenation [W_q | W_gate] [D, H, d + n], inputs
-    in the compute dtype, float32 accumulation (as Qwen3-Next's widened q_proj and Megatron)."""
-    dt = self.dtype
-    if not self.fused_gate:
-      return project(x_BxTxD, self.wq[...].astype(dt)), None
-    d = self.wq.shape[-1]
-    w_DxHxE = jnp.concatenate([self.wq[...], self.gate.query_columns()], axis=-1).astype(dt)
-    qg_BxTxHxE = project(x_BxTxD, w_DxHxE, preferred_element_type=jnp.float32)
-    return qg_BxTxHxE[..., :d].astype(dt), qg_BxTxHxE[..., d:]
 
   def _inspected_attention(self, q, k, v, segment_ids_BxT) -> jax.Array:
     """Explicit attention, sowing F-Attn per head (queries 1..T-1), the head-averaged map of
