@@ -11,6 +11,7 @@ from flax import nnx
 from gated_attention.model import attention, attention_kernels
 from tests import reference as ref
 from gated_attention.model import layers
+from gated_attention.model.context import Context
 from tests.jax_helpers import model_config, perturb
 
 B, T = 2, 8
@@ -34,8 +35,8 @@ def _jitted(module):
   @jax.jit
   def both(state, x, pos):
     attn = nnx.merge(graphdef, state)
-    (out_i, _), stats_i = layers.capture_stats(attn, x, pos)
-    return (attn(x, pos)[0], {}), (out_i, stats_i)
+    (out_i, _), stats_i = layers.capture_stats(attn, x, Context(pos))
+    return (attn(x, Context(pos))[0], {}), (out_i, stats_i)
 
   return lambda x, pos: both(state, x, pos)
 
@@ -331,7 +332,7 @@ def test_attention_map_is_truncated_to_attn_map_len(modules):
   attn = attention.Attention(model_config(m['cfg']), rngs=nnx.Rngs(11))
   nnx.update(attn, nnx.state(m['attn'], nnx.Param))
   attn.attn_map_len = 3
-  _, stats = layers.capture_stats(attn, m['x'], m['pos'])
+  _, stats = layers.capture_stats(attn, m['x'], Context(m['pos']))
   assert stats['attn_map'].shape == (3, 3)        # the top-left corner of the full map
   np.testing.assert_allclose(stats['attn_map'], m['extras']['probs'][0].mean(axis=0)[:3, :3],
                              rtol=1e-5, atol=1e-6)
@@ -397,7 +398,7 @@ def _out_and_grads(graphdef, params, x, dout):
   pos = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
 
   def f(params, x):
-    out = nnx.merge(graphdef, params)(x, pos)[0]
+    out = nnx.merge(graphdef, params)(x, Context(pos))[0]
     return jnp.sum(out.astype(jnp.float32) * dout), out
   (_, out), grads = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(params, x)
   return out, grads
@@ -443,5 +444,5 @@ def test_fused_gate_projection_is_one_matmul_fewer(variant):
   for attn in _fused_and_separate(variant):
     x = _randn(5, (B, T, attn.wq.shape[0]))
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    counts.append(str(jax.make_jaxpr(lambda x: attn(x, pos)[0])(x)).count('dot_general'))
+    counts.append(str(jax.make_jaxpr(lambda x: attn(x, Context(pos))[0])(x)).count('dot_general'))
   assert counts[0] == counts[1] - 1

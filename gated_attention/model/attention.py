@@ -8,18 +8,21 @@ Training calls a fused core of attention_kernels.py (config.model.attention_impl
 `sow`: F-Attn per head, a head-averaged attention map and the SDPA output's sparsity before and
 after the gate (Qiu et al. 2025, Sec. 4.2 and 4.3).
 
-With a KV cache (`kv` = {'k', 'v'}: [B, S, K, d] each, generate.py), the new tokens' keys and
+Attention reads the call's context.Context (positions, RoPE tables, document ids, this layer's
+KV cache), which the Transformer builds once for every layer.
+
+With a KV cache (`ctx.kv` = {'k', 'v'}: [B, S, K, d] each, generate.py), the new tokens' keys and
 values are written at their positions and the queries attend to cache slots at or before their
 own position: chunked prefill and one-token decoding, with per-sequence positions. Slots after a
 query's position (unwritten, or a right-padded prompt's padding) are masked by causality alone,
 because every slot up to the largest position in a call has been written by then.
 
-Document masking (`segment_ids_BxT`, from data.document_mask; attention_kernels.py): a query sees
-only keys of its own document. RoPE positions stay absolute in the window rather than restarting
-at each BOS: RoPE makes a score depend on the distance between query and key only (Su et al.
-2021), so within a document the scores are the same either way, and keeping positions leaves the
-unmasked path, the KV cache and YaRN untouched (tests/test_model.py checks that a document's
-logits in a masked window equal those of the document alone).
+Document masking (`ctx.segment_ids_BxT`, from data.document_mask; attention_kernels.py): a query
+sees only keys of its own document. RoPE positions stay absolute in the window rather than
+restarting at each BOS: RoPE makes a score depend on the distance between query and key only (Su
+et al. 2021), so within a document the scores are the same either way, and keeping positions
+leaves the unmasked path, the KV cache and YaRN untouched (tests/test_model.py checks that a
+document's logits in a masked window equal those of the document alone).
 """
 
 import jax
@@ -28,6 +31,7 @@ from flax import nnx
 
 from gated_attention.model import attention_kernels, gating
 from gated_attention import sharding
+from gated_attention.model.context import Context
 from gated_attention.model.layers import Inspectable, RMSNorm, param, project, project_in
 from gated_attention.model.rope import RoPE
 
@@ -87,30 +91,34 @@ class Attention(Inspectable, nnx.Module):
     self.k_norm = RMSNorm(d, eps=cfg.norm_eps, axis_name='head_dim') if cfg.qk_norm else None
     self.rope = RoPE(d, cfg.rope_base, cfg.rope_scaling)
     self.gate = gating.Gate(cfg.gate, hidden_size=D, num_heads=H, num_kv_heads=K, head_dim=d,
-                            init_std=std, rngs=rngs, norm_eps=cfg.norm_eps)
+                            init_std=std, rngs=rngs, norm_eps=cfg.norm_eps,
+                            fuse_with_query=cfg.fused_gate_projection)
     self.dtype = cfg.compute_dtype
-    self.fused_gate = cfg.fused_gate_projection and cfg.gate.fuses_with_query
     self.impl, self.platform = cfg.attention_impl, cfg.platform
     self.blocks = (cfg.attention_block_q, cfg.attention_block_kv)
     self.fused_bwd = cfg.attention_fused_bwd
     self.attn_map_len = ATTN_MAP_LEN
     self.inspect = False
 
-  def __call__(self, x_BxTxD: jax.Array, positions_BxT: jax.Array, kv=None,
-               segment_ids_BxT=None, rope_tables=None):
-    """Returns (output [B, T, D], kv): the cache with this call's keys and values written at
-    `positions_BxT` (consecutive per sequence), or None without a cache (training).
-    `segment_ids_BxT`: document ids for document masking (not with a cache), or None.
-    `rope_tables`: `self.rope.tables(positions_BxT)`, computed once for all layers (model.py),
-    or None: computed here."""
-    dt, gate = self.dtype, self.gate
-    q, gate_logits = self._queries(x_BxTxD)
+  @property
+  def fused_gate(self) -> bool:
+    """Whether the gate's logits come out of the query projection (gating.Gate.queries)."""
+    return self.gate.fused
+
+  def __call__(self, x_BxTxD: jax.Array, ctx: Context):
+    """Returns (output [B, T, D], kv): this layer's cache `ctx.kv` with this call's keys and
+    values written at `ctx.positions_BxT` (consecutive per sequence), or None without a cache
+    (training). Reads `ctx.segment_ids_BxT` (document masking, not with a cache) and
+    `ctx.rope_tables` (made once for all layers by the Transformer; None: computed here)."""
+    dt, gate, positions_BxT, kv = self.dtype, self.gate, ctx.positions_BxT, ctx.kv
+    segment_ids_BxT = ctx.segment_ids_BxT
+    q, gate_logits = gate.queries(x_BxTxD, self.wq[...], dt)
     k = project(x_BxTxD, self.wk[...].astype(dt))
     v = project(x_BxTxD, self.wv[...].astype(dt))
     q, k, v = gate('q', q, x_BxTxD), gate('k', k, x_BxTxD), gate('v', v, x_BxTxD)
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
-    sin_cos = self.rope.tables(positions_BxT) if rope_tables is None else rope_tables
+    sin_cos = self.rope.tables(positions_BxT) if ctx.rope_tables is None else ctx.rope_tables
     q, k = self.rope.rotate(q, *sin_cos), self.rope.rotate(k, *sin_cos)
     q, k = gate('q_rope', q, x_BxTxD), gate('k_rope', k, x_BxTxD)
     q = sharding.constrain(q, ('batch', 'seq', 'act_heads', 'head_dim'))
@@ -132,19 +140,6 @@ class Attention(Inspectable, nnx.Module):
       self.sow(nnx.Intermediate, 'sdpa_post_gate', sparsity(y_BxTxHxd))
     out_BxTxD = project_in(y_BxTxHxd, self.wo[...].astype(dt))
     return gate('out', out_BxTxD, x_BxTxD), kv
-
-  def _queries(self, x_BxTxD: jax.Array) -> tuple[jax.Array, jax.Array | None]:
-    """The queries [B, T, H, d] in the compute dtype, and the gate's float32 logits [B, T, H, n]
-    when the gate fuses with the query projection (gating.py; n = d elementwise, 1 headwise),
-    else None: one einsum over the per-head concatenation [W_q | W_gate] [D, H, d + n], inputs
-    in the compute dtype, float32 accumulation (as Qwen3-Next's widened q_proj and Megatron)."""
-    dt = self.dtype
-    if not self.fused_gate:
-      return project(x_BxTxD, self.wq[...].astype(dt)), None
-    d = self.wq.shape[-1]
-    w_DxHxE = jnp.concatenate([self.wq[...], self.gate.query_columns()], axis=-1).astype(dt)
-    qg_BxTxHxE = project(x_BxTxD, w_DxHxE, preferred_element_type=jnp.float32)
-    return qg_BxTxHxE[..., :d].astype(dt), qg_BxTxHxE[..., d:]
 
   def _inspected_attention(self, q, k, v, segment_ids_BxT) -> jax.Array:
     """Explicit attention, sowing F-Attn per head (queries 1..T-1), the head-averaged map of

@@ -29,10 +29,12 @@ computed from X is, as the authors and Megatron build it, extra output columns o
 matmul produces each head's queries and its gate logits together (here [q_h | g_h] per head, as
 Qwen3-Next's q_proj; the authors' released checkpoints order them per KV group, hf/layout.py).
 The parameters stay separate (checkpoints, hf/ and the sharding rules see the same `kernel`);
-Attention concatenates `query_columns()` to its query kernel per head at compute time, in the
-compute dtype with float32 accumulation, and passes the gate's share of the product back as
-`logits`; the sigmoid and the product stay in float32 as before. In float32 it computes the same
-function as the separate projection, to rounding (tests/test_attention.py).
+Attention asks the gate for its queries (`Gate.queries(x, W_q)`, for every variant: the plain
+query projection unless the gate is `fused`), which concatenates `query_columns()` to the query
+kernel per head at compute time, in the compute dtype with float32 accumulation, and Attention
+passes the gate's share of the product back as `logits` at the 'sdpa' hook; the sigmoid and the
+product stay in float32 as before. In float32 it computes the same function as the separate
+projection, to rounding (tests/test_attention.py).
 """
 
 import dataclasses
@@ -182,9 +184,13 @@ class Gate(Inspectable, nnx.Module):
   """One gate (or G1 non-linearity ablation) at the hook its spec names."""
 
   def __init__(self, spec: GateSpec, *, hidden_size: int, num_heads: int, num_kv_heads: int,
-               head_dim: int, init_std: float, rngs: nnx.Rngs, norm_eps: float = 1e-6):
+               head_dim: int, init_std: float, rngs: nnx.Rngs, norm_eps: float = 1e-6,
+               fuse_with_query: bool = False):
+    """`fuse_with_query`: config.model.fused_gate_projection; the gate then computes its logits
+    in the query projection (`queries`) when `spec.fuses_with_query`."""
     self.spec = spec
     self.norm_eps = norm_eps
+    self.fused = bool(fuse_with_query) and spec.fuses_with_query
     self.inspect = False
     p = spec.param_shape(hidden_size=hidden_size, num_heads=num_heads,
                          num_kv_heads=num_kv_heads, head_dim=head_dim)
@@ -205,6 +211,20 @@ class Gate(Inspectable, nnx.Module):
       raise ValueError(f'The gate {self.spec} does not fuse with the query projection.')
     kernel = self.kernel[...]
     return kernel if self.spec.granularity == 'elementwise' else kernel[..., None]
+
+  def queries(self, x_BxTxD: jax.Array, wq_DxHxd: jax.Array,
+              dtype) -> tuple[jax.Array, jax.Array | None]:
+    """The query projection X W_q [B, T, H, d] in `dtype`, and, when the gate is `fused`, its
+    float32 logits [B, T, H, n] (n = d elementwise, 1 headwise; else None) from the same matmul:
+    one product with the per-head concatenation [W_q | W_gate] [D, H, d + n], inputs in `dtype`,
+    float32 accumulation (as Qwen3-Next's widened q_proj and Megatron). Attention passes the
+    logits back at the 'sdpa' hook (`__call__`)."""
+    if not self.fused:
+      return project(x_BxTxD, wq_DxHxd.astype(dtype)), None
+    d = wq_DxHxd.shape[-1]
+    w_DxHxE = jnp.concatenate([wq_DxHxd, self.query_columns()], axis=-1).astype(dtype)
+    qg_BxTxHxE = project(x_BxTxD, w_DxHxE, preferred_element_type=jnp.float32)
+    return qg_BxTxHxE[..., :d].astype(dtype), qg_BxTxHxE[..., d:]
 
   def logits(self, x_BxTxD: jax.Array) -> jax.Array:
     """XW (or the bias) in float32, shaped to broadcast against the gated tensor (headwise:

@@ -52,8 +52,9 @@ class RMSNorm(nnx.Module):
 class MLP(nnx.Module):
   """SwiGLU feed-forward: (silu(x W_gate) * x W_up) W_down.
 
-  The FFN interface of model.py (shared with moe.MoE): `mlp(x, pooled) -> (y, aux)`, and
-  `reduce_aux`, `pooled_stats`, `inactive_params`; a dense FFN has no auxiliary outputs.
+  The FFN interface of transformer.py (shared with moe.MoE): `mlp(x) -> (y, aux)`, and
+  `reduce_aux`, `pooled_stats`, `inactive_params`; a dense FFN has no auxiliary outputs and
+  pools no statistics (so it takes no `pooled`).
   """
 
   def __init__(self, dim: int, ffn: int, *, std: float, dtype, rngs: nnx.Rngs):
@@ -62,8 +63,7 @@ class MLP(nnx.Module):
     self.wo = param(rngs, (ffn, dim), ('mlp', 'embed'), std)
     self.dtype = dtype
 
-  def __call__(self, x_BxTxD: jax.Array, pooled=None) -> tuple[jax.Array, dict]:
-    del pooled
+  def __call__(self, x_BxTxD: jax.Array) -> tuple[jax.Array, dict]:
     dt = self.dtype
     g_BxTxF = project(x_BxTxD, self.wi_gate[...].astype(dt))
     u_BxTxF = project(x_BxTxD, self.wi_up[...].astype(dt))

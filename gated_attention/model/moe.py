@@ -24,10 +24,11 @@ Dispatch (`cfg.moe.dispatch`):
             scattered into an [E, C, D] buffer, the experts run as a batched
             SwiGLU and the results are gathered back.
 
-The FFN interface (model.py): `moe(x, pooled) -> (y, aux)` with per-call auxiliary outputs;
-`reduce_aux(aux_L)` turns the layers' outputs into the training loss term (the losses below
-times their coefficients) and the logged metrics; `pooled_stats(aux_L)` is what gradient
-accumulation gathers over all micro-batches first (train.py) and passes back as `pooled`.
+The FFN interface (transformer.py): `moe(x) -> (y, aux)` with per-call auxiliary outputs, or
+`moe(x, pooled=...)`; `reduce_aux(aux_L)` turns the layers' outputs into the training loss term
+(the losses below times their coefficients) and the logged metrics; `pooled_stats(aux_L)` is
+what gradient accumulation gathers over all micro-batches first (train.py) and the Block passes
+back as `pooled` (from the call's context.Context).
 
 Auxiliary losses (in `aux`, NOT multiplied by their coefficients):
   lb_loss        E * sum_e f_e * P_e with f_e the fraction of the K*N routed

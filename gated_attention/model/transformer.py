@@ -10,11 +10,17 @@ Blocks are created once with `nnx.vmap` (parameters stacked on a leading 'layers
 with `nnx.scan`, so a 48-layer model compiles like a 1-layer one (`model.scan_layers=False`
 unrolls that scan: faster small models on CPU, configs/base.py).
 
+One Context per call (context.py) carries what every layer shares besides the hidden states:
+positions, document ids, RoPE's sin / cos (made once here) and the per-layer KV cache and
+pooled FFN statistics; `_blocks` scans the per-layer parts with the stacked blocks.
+
 The FFN of a block is a dense SwiGLU (layers.MLP) or a Mixture of Experts (moe.MoE); both follow
-one interface: `ffn(x, pooled) -> (y, aux)`, with `reduce_aux(aux_L) -> (loss, metrics)` (its
-auxiliary training loss and logged metrics from the stacked per-layer `aux`), `pooled_stats(aux_L)`
-(statistics that gradient accumulation gathers over all micro-batches first and passes back as
-`pooled`, or None) and `inactive_params()` (parameters a token does not use).
+one interface: `ffn(x) -> (y, aux)`, with `reduce_aux(aux_L) -> (loss, metrics)` (its auxiliary
+training loss and logged metrics from the stacked per-layer `aux`), `pooled_stats(aux_L)`
+(statistics that gradient accumulation gathers over all micro-batches first, or None) and
+`inactive_params()` (parameters a token does not use). An FFN whose `pooled_stats` are not None
+takes them back as `ffn(x, pooled=...)` (the Block passes the context's `pooled` when there are
+any; a dense FFN has none and never receives them).
 
 Document masking (data.document_mask, attention_kernels.py): with `segment_ids_BxT` every
 attention layer lets a token see only earlier tokens of its own document (train.py passes
@@ -30,6 +36,7 @@ from gated_attention import sharding
 from gated_attention.model.attention import Attention
 from gated_attention.model.attention_kernels import document_ids  # noqa: F401 (re-exported)
 from gated_attention.model.config import ModelConfig
+from gated_attention.model.context import Context
 from gated_attention.model.layers import MLP, Embed, Inspectable, RMSNorm, capture_stats, param, project
 from gated_attention.model.moe import MoE
 from gated_attention.model.rope import RoPE
@@ -69,16 +76,18 @@ class Block(Inspectable, nnx.Module):
     self.ffn_post_norm = RMSNorm(D, eps=eps) if cfg.sandwich_norm else None
     self.inspect = False
 
-  def __call__(self, h_BxTxD, positions_BxT, pooled=None, kv=None, segment_ids_BxT=None,
-               rope_tables=None):
+  def __call__(self, h_BxTxD, ctx: Context):
     """Returns (h_out, (aux, kv)): the FFN's aux outputs and the attention's KV cache (None
-    without one). `rope_tables`: RoPE's sin / cos at `positions_BxT` (Attention), or None."""
-    attn_out, kv = self.attn(self.attn_norm(h_BxTxD), positions_BxT, kv, segment_ids_BxT,
-                             rope_tables)
+    without one). `ctx`: this layer's view of the call's Context (context.py)."""
+    attn_out, kv = self.attn(self.attn_norm(h_BxTxD), ctx)
     if self.attn_post_norm is not None:
       attn_out = self.attn_post_norm(attn_out)
     h_attn = sharding.constrain(h_BxTxD + attn_out, ('batch', 'seq', 'embed'))
-    ffn_out, aux = self.ffn(self.ffn_norm(h_attn), pooled)
+    x_BxTxD = self.ffn_norm(h_attn)
+    if ctx.pooled is None:
+      ffn_out, aux = self.ffn(x_BxTxD)
+    else:                                  # only an FFN with pooled_stats gets them back (MoE)
+      ffn_out, aux = self.ffn(x_BxTxD, pooled=ctx.pooled)
     if self.ffn_post_norm is not None:
       ffn_out = self.ffn_post_norm(ffn_out)
     h_out = sharding.constrain(h_attn + ffn_out, ('batch', 'seq', 'embed'))
@@ -117,8 +126,9 @@ class Transformer(nnx.Module):
     document ids for document masking (`document_ids`), or None."""
     B, T = tokens_BxT.shape
     positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    h_BxTxD, (aux, _) = self._blocks(tokens_BxT, positions_BxT, pooled, None, segment_ids_BxT,
-                                     self.rope.constant_tables(T))
+    ctx = Context(positions_BxT, rope_tables=self.rope.constant_tables(T),
+                  segment_ids_BxT=segment_ids_BxT, pooled=pooled)
+    h_BxTxD, (aux, _) = self._blocks(tokens_BxT, ctx)
     h_BxTxD = self.final_norm(h_BxTxD)
     if return_hidden:
       return h_BxTxD, aux
@@ -130,26 +140,26 @@ class Transformer(nnx.Module):
     logits [B, T, V] and the cache with these tokens written."""
     T = tokens_BxT.shape[1]
     positions_BxT = start_B[:, None].astype(jnp.int32) + jnp.arange(T, dtype=jnp.int32)
-    h_BxTxD, (_, kv) = self._blocks(tokens_BxT, positions_BxT, None, kv)
+    ctx = Context(positions_BxT, rope_tables=self.rope.tables(positions_BxT), kv=kv)
+    h_BxTxD, (_, kv) = self._blocks(tokens_BxT, ctx)
     return self.logits(self.final_norm(h_BxTxD), self.head_kernel()), kv
 
-  def _blocks(self, tokens_BxT, positions_BxT, pooled, kv, segment_ids_BxT=None,
-              rope_tables=None):
+  def _blocks(self, tokens_BxT, ctx: Context):
     """Embedding and the scanned blocks: (h [B, T, D], (aux [L, ...], kv [L, ...] or None)).
-    RoPE's sin / cos at `positions_BxT` are made once for every layer: `rope_tables` (constants
-    for a window's positions 0 .. T-1: rope.py says why), or computed here."""
+    The scan runs over the stacked blocks and the context's per-layer parts (the KV cache and
+    pooled statistics, [L, ...]); its shared parts (positions, document ids, RoPE's tables, made
+    once for every layer) are closed over (context.py)."""
     h_BxTxD = sharding.constrain(self.embed(tokens_BxT), ('batch', 'seq', 'embed'))
-    if rope_tables is None:
-      rope_tables = self.rope.tables(positions_BxT)
+    shared, per_layer = ctx.split_layers()
 
-    def body(h, block, pooled_layer, kv_layer):
-      return block(h, positions_BxT, pooled_layer, kv_layer, segment_ids_BxT, rope_tables)
+    def body(h, block, layer):
+      return block(h, shared.at_layer(layer))
 
     if self.cfg.remat != 'none':
       body = nnx.remat(body, policy=REMAT_POLICIES[self.cfg.remat])
     # scan_layers=False unrolls the loop (unroll=True): the parameters stay stacked [L, ...].
-    scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0), unroll=not self.cfg.scan_layers)
-    return scan(h_BxTxD, self.blocks, pooled, kv)
+    scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), unroll=not self.cfg.scan_layers)
+    return scan(h_BxTxD, self.blocks, per_layer)
 
   def head_kernel(self) -> jax.Array:
     """The LM head [D, V] in float32: the embedding table, transposed, when tied."""
