@@ -350,7 +350,7 @@ def poison(monkeypatch, first: int, count: int):
   return hit
 
 
-def test_nan_gradient_step_is_skipped(reference, tmp_path, monkeypatch):
+def test_nan_gradient_step_is_skipped(reference, tmp_path, monkeypatch, capsys):
   workdir = str(tmp_path / 'run')
   hit = poison(monkeypatch, 15, 1)
   loop.run(config(), workdir)
@@ -366,8 +366,10 @@ def test_nan_gradient_step_is_skipped(reference, tmp_path, monkeypatch):
   assert (report['skipped_steps'], report['spikes'], report['halted']) == (1, 0, False)
   assert {s: l for s, l in losses(workdir).items() if s < 15} == {
       s: l for s, l in reference.losses.items() if s < 15}
-  # Not calm within spike_window steps of the skip: no checkpoint at 20; the last one is saved.
-  assert steps_of(workdir) == [10, 30]
+  # Not calm within spike_window (50) steps of the skip: no checkpoint at 20, nor at the last
+  # step (issue 24: it was saved with `calm or last`); the run ends with checkpoint 10.
+  assert steps_of(workdir) == [10]
+  assert 'step 30: not saved: the loss is not calm' in capsys.readouterr().out
   assert_finite(params_of(workdir))
 
 
@@ -683,3 +685,45 @@ def test_disk_full_tmpfs_during_an_async_save(env, reference, small_disk, tmp_pa
   else:                                             # the filler came after the save's writes
     assert 'MiB are free on the disk' in message and steps_of(workdir) == [10, 20]
   _resume_elsewhere(workdir, tmp_path, reference)
+
+
+# Nothing saved while spiking (issue 24) ---------------------------------------------------------
+
+HOT = {'train.learning_rate': 10, 'train.steps': 40, 'train.checkpoint_every': 5,
+       'train.eval_every': 40}
+
+
+def test_a_run_that_ends_spiking_saves_nothing_at_the_last_step(reference, tmp_path, capsys):
+  """lr 10 from scratch: spikes from the first steps on (above 1.5 x ln(vocab)). The last step is
+  not calm: not saved either (it was, with `calm or last`), and the output says so."""
+  del reference  # the compilation cache
+  workdir = str(tmp_path / 'run')
+  loop.run(config(**HOT), workdir)
+  out = capsys.readouterr().out
+  spikes = [e['step'] for e in events(workdir) if e['split'] == 'spike']
+  assert spikes and spikes[-1] == 40, spikes
+  saved = steps_of(workdir)
+  assert all(s < spikes[0] for s in saved), (saved, spikes[0])   # only steps before the spikes
+  line = next(l for l in out.splitlines() if l.startswith('step 40: not saved'))
+  assert 'the loss is not calm' in line and (
+      f'last calm checkpoint, step {saved[-1]}' if saved else 'no checkpoint was saved') in line
+  print(line)
+
+
+def test_resuming_into_spikes_keeps_the_good_checkpoint_best(reference, tmp_path, capsys):
+  """The reference resumed at lr 10 for 10 more steps: it spikes from step ~32. Before: the last
+  step (40) was saved at the level of the good steps (spike steps do not move the level), ranked
+  best and rotated 10 out. Now nothing is saved; 30 stays best and bitwise the reference's."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  loop.run(config(**HOT), workdir)
+  out = capsys.readouterr().out
+  assert [e['step'] for e in events(workdir) if e['split'] == 'spike'][-1] == 40
+  assert 'step 40: not saved: the loss is not calm' in out, out
+  assert 'last calm checkpoint, step 30' in out, out
+  assert steps_of(workdir) == [10, 20, 30]
+  ckpt = ckpt_lib.Checkpointer(workdir, read_only=True)
+  try:
+    assert ckpt.best_step() == 30
+  finally:
+    ckpt.close()
+  assert_bitwise(params_of(workdir), reference.params)

@@ -7,7 +7,8 @@ One step: the next batch of the data iterator, already on the devices (prefetch.
 changes nothing) -> its loss and finiteness are queued on the device and, at every log, eval or
 save point, fed to the stability guard (stability.py: skipped steps, loss spikes, divergence,
 each logged to metrics.jsonl) -> every `log_every` steps the metrics, every `eval_every` steps
-evaluate.evaluate, and orbax's cadence for checkpoints (only while the guard is calm).
+evaluate.evaluate, and orbax's cadence for checkpoints (only while the guard is calm, the last
+step included: a run that ends spiking keeps its last calm checkpoint and says so).
 On a failure (too many non-finite steps in a row, or a divergence) the run halts or rolls back
 to the best checkpoint with a lower learning rate. SIGTERM / Ctrl-C save a checkpoint and stop.
 The time the loop waits for a batch is logged as `data_wait`: its fraction of the wall time since
@@ -97,7 +98,11 @@ class _Run:
     return {'params': self.setup.abstract_params, 'opt_state': self.setup.abstract_opt}
 
   def save(self):
-    level = self.guard.level
+    # The running level ranks the checkpoint for the best-checkpoint rule only while the guard is
+    # calm: spike steps do not move the level, so a state taken mid-blow-up would carry the level
+    # of the good steps before it (the loop saves only when calm; this keeps the ranking honest
+    # whatever calls it).
+    level = self.guard.level if self.guard.calm else None
     self.checkpointer.save(
         self.step, {'params': self.params, 'opt_state': self.opt_state}, self.data.train_iter,
         metrics={'loss_level': 1e30 if level is None else float(level)},
@@ -278,6 +283,20 @@ def _describe(run: _Run) -> str:
           f'data: {json.dumps(run.data.describe())}')
 
 
+def _say_not_saved(run: _Run):
+  """The last step is not saved when the loss is not calm (a spike or a skipped step within
+  spike_window steps): the run ends with its last calm checkpoint."""
+  since = run.guard.since_trouble
+  latest = run.checkpointer.latest_step()
+  kept = (f'the run ends with its last calm checkpoint, step {latest}' if latest is not None
+          else 'no checkpoint was saved in this run')
+  run.progress.write(
+      f'step {run.step}: not saved: the loss is not calm (the last spike or skipped step was '
+      f'{since} step(s) ago, fewer than spike_window={run.config.train.spike_window}); {kept} '
+      f'(in {run.checkpointer.directory}). metrics.jsonl has the spikes; lower '
+      '--config.train.learning_rate (or raise warmup_steps / grad_clip) and resume.')
+
+
 def _train(run: _Run, interrupt: _Interrupt) -> dict:
   """Steps until the end or a signal; returns the last validation row."""
   tc, setup = run.config.train, run.setup
@@ -306,9 +325,11 @@ def _train(run: _Run, interrupt: _Interrupt) -> dict:
       if due[1]:
         val = _evaluate_and_log(run)
         throughput.reset()
-      if due[2] and (run.guard.calm or last):
+      if due[2] and run.guard.calm:                # never a state taken while spiking
         run.save()
         last_saved = run.step
+      elif due[2] and last:
+        _say_not_saved(run)
     if interrupt.signal is not None:
       if last_saved != run.step and _check_pending(run) is None and run.guard.calm:
         run.save()
