@@ -727,3 +727,117 @@ def test_resuming_into_spikes_keeps_the_good_checkpoint_best(reference, tmp_path
   finally:
     ckpt.close()
   assert_bitwise(params_of(workdir), reference.params)
+
+
+# One trainer per run directory (issue 24) -------------------------------------------------------
+
+from gated_attention.runs import lock as lock_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _write_lock(workdir, **holder):
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, lock_lib.LOCK_FILE)
+  with open(path + '.tmp', 'w') as f:
+    json.dump(holder, f)
+  os.replace(path + '.tmp', path)
+
+
+def test_a_second_trainer_is_refused_then_a_killed_one_never_blocks(env, reference, tmp_path):
+  """Real: main.py trains (the reference resumed for many more steps); a second main.py on the
+  same workdir is refused, one paragraph naming the holder; after a kill -9 of the holder, the
+  same command runs (the lock names a dead pid on this host: taken over with a warning)."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  long = main_cmd(workdir, **{'train.steps': 100000, 'train.eval_every': 100000})
+  with open(tmp_path / 'log', 'w') as out:
+    first = subprocess.Popen(long, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+      ready, deadline = _logged(workdir, STEPS + 1), time.time() + 300
+      while not ready():
+        assert first.poll() is None and time.time() < deadline, (tmp_path / 'log').read_text()
+        time.sleep(0.01)
+      with open(os.path.join(workdir, lock_lib.LOCK_FILE)) as f:
+        holder = json.load(f)
+      assert holder['pid'] == first.pid and holder['host'] == lock_lib.socket.gethostname()
+      before = rows(workdir)
+      second = run_main(main_cmd(workdir), env)
+      assert second.returncode == 1, (second.stdout, second.stderr)
+      one_paragraph(second.stderr)
+      message = ' '.join(second.stderr.split())
+      assert (f'is in use by another trainer (host {holder["host"]}, pid {first.pid}, started '
+              in message), message
+      assert set(rows(workdir)) >= set(before)      # the second one wrote no metrics rows
+      first.send_signal(signal.SIGKILL)
+      first.wait()
+    finally:
+      first.kill()
+      first.wait()
+  third = run_main(main_cmd(workdir), env)          # steps=30: nothing left to train
+  assert third.returncode == 0, third.stderr
+  assert (f'Warning: taking over the lock of {workdir} from a trainer that is gone (host '
+          f'{holder["host"]}, pid {first.pid}') in third.stdout and (
+              f'process {first.pid} is not running') in third.stdout, third.stdout
+  assert not os.path.exists(os.path.join(workdir, lock_lib.LOCK_FILE))   # released at the end
+
+
+def test_lock_staleness_live_dead_reused_pid_and_other_hosts(tmp_path):
+  """Simulated holders (the lock file written by hand): a live process on this host holds;
+  a dead pid, a reused pid (another start time) and an old heartbeat of another host do not."""
+  host, now = lock_lib.socket.gethostname(), time.time()
+  sleeper = subprocess.Popen(['sleep', '60'])
+  try:
+    cases = {
+        'live': (dict(host=host, pid=sleeper.pid, started=now, heartbeat=now - 1e4,
+                      process_start=lock_lib._process_start(sleeper.pid)), None),
+        'dead': (dict(host=host, pid=2**22 + 7, started=now, heartbeat=now), 'is not running'),
+        'reused': (dict(host=host, pid=sleeper.pid, started=now, heartbeat=now,
+                        process_start='1'), 'is now another process'),
+        'other_host_fresh': (dict(host='gone-node', pid=1, started=now, heartbeat=now - 10),
+                             None),
+        'other_host_lost': (dict(host='gone-node', pid=1, started=now - 2000,
+                                 heartbeat=now - 1000), 'its heartbeat is 1000 s old'),
+    }
+    for name, (holder, why) in cases.items():
+      workdir = str(tmp_path / name)
+      _write_lock(workdir, **holder)
+      lock, said = lock_lib.RunLock(workdir), []
+      if why is None:
+        with pytest.raises(ckpt_lib.CheckpointError, match='is in use by another trainer') as e:
+          lock.acquire(warn=said.append)
+        assert f'pid {holder["pid"]}' in str(e.value) and '\n' not in str(e.value)
+        assert lock.read() == holder                # untouched
+      else:
+        lock.acquire(warn=said.append)
+        assert len(said) == 1 and why in said[0], (name, said)
+        assert lock.read()['pid'] == os.getpid()
+        lock.release()
+        assert os.listdir(workdir) == []
+  finally:
+    sleeper.kill()
+    sleeper.wait()
+
+
+def test_lock_heartbeat_and_a_lost_lock(tmp_path):
+  lock = lock_lib.RunLock(str(tmp_path / 'run'), heartbeat_s=0.05)
+  lock.acquire()
+  first = lock.read()['heartbeat']
+  time.sleep(0.5)
+  assert lock.read()['heartbeat'] > first           # the background thread refreshes it
+  lock.check()
+  _write_lock(lock.workdir, host='elsewhere', pid=5, started=time.time(),
+              heartbeat=time.time())                # taken over: this holder was thought lost
+  time.sleep(0.3)
+  assert 'now names host elsewhere, pid 5' in lock.lost
+  with pytest.raises(ckpt_lib.CheckpointError, match='lost the lock'):
+    lock.check()
+  lock.release()
+  assert lock.read()['host'] == 'elsewhere'         # not ours: left in place
+
+
+def test_readers_do_not_take_the_lock(reference, tmp_path):
+  """A run held by a live trainer opens for evaluation (load.py), and the lock stays as it was."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  holder = dict(host=lock_lib.socket.gethostname(), pid=os.getpid(), started=time.time(),
+                heartbeat=time.time(), process_start=lock_lib._process_start(os.getpid()))
+  _write_lock(workdir, **holder)
+  assert_bitwise(params_of(workdir), reference.params)
+  assert lock_lib.RunLock(workdir).read() == holder

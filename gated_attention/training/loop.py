@@ -9,6 +9,8 @@ save point, fed to the stability guard (stability.py: skipped steps, loss spikes
 each logged to metrics.jsonl) -> every `log_every` steps the metrics, every `eval_every` steps
 evaluate.evaluate, and orbax's cadence for checkpoints (only while the guard is calm, the last
 step included: a run that ends spiking keeps its last calm checkpoint and says so).
+One trainer per run directory: the lock file RUN/trainer.lock (runs/lock.py) is taken before
+anything is written and released at the end; its heartbeat is a background thread's.
 On a failure (too many non-finite steps in a row, or a divergence) the run halts or rolls back
 to the best checkpoint with a lower learning rate. SIGTERM / Ctrl-C save a checkpoint and stop.
 The time the loop waits for a batch is logged as `data_wait`: its fraction of the wall time since
@@ -24,6 +26,7 @@ import jax
 
 import input_pipeline
 from gated_attention.runs import checkpoint as ckpt_lib
+from gated_attention.runs import lock as lock_lib
 from gated_attention.runs import rundir as workdir_lib
 from gated_attention.training import evaluate as eval_lib
 from gated_attention.model import transformer as model_lib
@@ -85,6 +88,7 @@ class _Run:
   checkpointer: ckpt_lib.Checkpointer
   writer: MetricsWriter
   guard: stability.Guard
+  lock: lock_lib.RunLock | None = None
   progress: Progress | None = None
   step: int = 0
   params: object = None
@@ -98,6 +102,8 @@ class _Run:
     return {'params': self.setup.abstract_params, 'opt_state': self.setup.abstract_opt}
 
   def save(self):
+    if self.lock is not None:
+      self.lock.check()                            # another trainer took the run over
     # The running level ranks the checkpoint for the best-checkpoint rule only while the guard is
     # calm: spike steps do not move the level, so a state taken mid-blow-up would carry the level
     # of the good steps before it (the loop saves only when calm; this keeps the ranking honest
@@ -156,6 +162,18 @@ def _start(config, workdir: str) -> _Run:
   tc = config.train
   check_loop_config(config)
   workdir_lib.check_workdir(workdir)
+  lock = lock_lib.RunLock(workdir)
+  lock.acquire(warn=_say)                          # one trainer per run, before any write
+  try:
+    return _start_locked(config, workdir, lock)
+  except BaseException:
+    lock.release()
+    raise
+
+
+def _start_locked(config, workdir: str, lock: lock_lib.RunLock) -> _Run:
+  """_start's work once this trainer holds the run directory's lock."""
+  tc = config.train
   data = _build_data(config)
   setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
   data.train_iter = prefetch.DevicePrefetch(data.train_iter, setup.global_batch,
@@ -166,7 +184,7 @@ def _start(config, workdir: str) -> _Run:
   workdir_lib.check_or_write_config(
       workdir, config, resuming_data=latest is not None and checkpointer.has_data(latest))
   run = _Run(config, workdir, data, setup, checkpointer, MetricsWriter(workdir),
-             stability.Guard(tc, config.model.vocab_size))
+             stability.Guard(tc, config.model.vocab_size), lock=lock)
   restored = checkpointer.restore_latest(run.abstract_state, data.train_iter, warn=_say)
   if restored is not None:
     run.adopt(restored)
@@ -351,4 +369,5 @@ def run(config, workdir: str) -> dict:
     state.checkpointer.close()
     state.progress.close()
     state.writer.close()
+    state.lock.release()
   return val or {}
