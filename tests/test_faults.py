@@ -841,3 +841,95 @@ def test_readers_do_not_take_the_lock(reference, tmp_path):
   _write_lock(workdir, **holder)
   assert_bitwise(params_of(workdir), reference.params)
   assert lock_lib.RunLock(workdir).read() == holder
+
+
+# Parameters-only restores verify too, read-only (issue 24) ---------------------------------------
+
+def _every_data_file(how):
+  """`how` applied to every data file of the step (one file may hold only optimizer state,
+  which a parameters-only restore does not read)."""
+  def damage(step_dir, _):
+    for d, _, fs in os.walk(os.path.join(step_dir, 'state')):
+      for f in fs:
+        path = os.path.join(d, f)
+        if os.sep + 'd' + os.sep in path and os.path.getsize(path) > 64:
+          how(path)
+  return damage
+
+
+def _flip_file(path):
+  with open(path, 'r+b') as f:
+    f.seek(os.path.getsize(path) // 2)
+    old = f.read(4)
+    f.seek(-4, os.SEEK_CUR)
+    f.write(bytes(b ^ 0x5A for b in old))
+
+
+READ_ONLY_DAMAGE = {
+    'flipped_bytes': _every_data_file(_flip_file),
+    'truncated_files': _every_data_file(lambda p: os.truncate(p, os.path.getsize(p) // 2)),
+    'empty_step_dir': _empty, 'wrong_checksum': _wrong_checksums}
+
+
+@pytest.mark.parametrize('damage', READ_ONLY_DAMAGE)
+def test_parameters_only_restore_verifies_and_changes_nothing(reference, tmp_path, capsys,
+                                                              damage):
+  """load_run (analysis, sampling, long-context): the latest that verifies, a warning naming
+  what was wrong, nothing renamed; the damaged step asked for by number: one paragraph."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  READ_ONLY_DAMAGE[damage](os.path.join(ckpts, '30'), os.path.join(ckpts, '20'))
+  reason = (DAMAGE['truncated_file' if damage == 'truncated_files' else damage][1]
+            + '|damaged or incomplete')
+  before = _files(ckpts)
+  run = runs_lib.load_run(workdir)
+  out = capsys.readouterr().out
+  assert run.step == 20
+  assert_bitwise(jax.device_get(run.params), params_of(reference.workdir, 20))
+  warning = next(l for l in out.splitlines() if l.startswith('Warning: checkpoint 30'))
+  assert re.search(reason, warning) and 'the run directory is left as it is' in warning, warning
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    runs_lib.load_run(workdir, 30)
+  message = str(e.value)
+  print(f'{warning}\n{message}')
+  assert message.startswith(f'Checkpoint 30 in {ckpts} is unusable (') and '\n' not in message
+  assert len(message) < 700 and 'Other checkpoints: [10, 20]' in message, message
+  assert _files(ckpts) == before                    # read-only: nothing set aside or changed
+
+
+def test_deleted_checkpoint_metadata_is_unverified_not_silent(reference, tmp_path, capsys):
+  """checkpoints/30/_CHECKPOINT_METADATA deleted: the checksums are gone; the restore says the
+  checkpoint is unverified (training and load_run) and still checks the values are finite."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  os.remove(os.path.join(workdir, 'checkpoints', '30', '_CHECKPOINT_METADATA'))
+  assert steps_of(workdir) == [10, 20, 30]
+  run = runs_lib.load_run(workdir)
+  out = capsys.readouterr().out
+  assert run.step == 30
+  assert_bitwise(jax.device_get(run.params), reference.params)
+  assert ('Warning: checkpoint 30 in ' in out and 'is unverified: its _CHECKPOINT_METADATA is '
+          'missing' in out), out
+  loop.run(config(), workdir)                       # training's restore says so too
+  out = capsys.readouterr().out
+  assert 'is unverified: its _CHECKPOINT_METADATA is missing' in out, out
+
+
+def test_nonfinite_values_are_caught_without_checksums(tmp_path, monkeypatch):
+  """A checkpoint holding a NaN (written with the save's own check bypassed) and no metadata:
+  the parameters-only restore refuses it."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  params = {'w': jnp.array([1.0, jnp.nan, 3.0]), 'b': jnp.zeros(2)}
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path / 'run'))
+  with monkeypatch.context() as m:
+    m.setattr(ckpt_lib, 'integrity', lambda t: ({}, []))
+    ckpt.save_params(1, params)
+  ckpt.close()
+  os.remove(str(tmp_path / 'run' / 'checkpoints' / '1' / '_CHECKPOINT_METADATA'))
+  said = []
+  reader = ckpt_lib.Checkpointer(str(tmp_path / 'run'), read_only=True)
+  try:
+    with pytest.raises(ckpt_lib.CheckpointError, match=r"non-finite values in \[\"\['params'\]"):
+      reader.restore_params(1, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                            params), warn=said.append)
+  finally:
+    reader.close()

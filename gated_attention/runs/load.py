@@ -126,10 +126,21 @@ def build_mesh(config):
 
 
 def restore_params(setup, workdir: str, step: int) -> dict:
-  """The parameters of checkpoint `step`, on the shardings of `setup` (a train.Setup)."""
+  """The parameters of checkpoint `step` (verified), on the shardings of `setup` (a
+  train.Setup)."""
   ckpt = checkpointer(workdir)
   try:
     return ckpt.restore_params(step, setup.abstract_params)
+  finally:
+    ckpt.close()
+
+
+def restore_latest_params(setup, workdir: str) -> tuple[int, dict]:
+  """(step, parameters) of the newest checkpoint that verifies (older ones after a bad newer
+  one, with a warning; nothing is changed on disk)."""
+  ckpt = checkpointer(workdir)
+  try:
+    return ckpt.restore_latest_params(setup.abstract_params)
   finally:
     ckpt.close()
 
@@ -179,11 +190,14 @@ def load_run(workdir: str, step: int | None = None, config=None) -> Run:
   latest). `config`: the run's config with evaluation overrides (analyze.analysis_config, e.g.
   YaRN), instead of the saved one."""
   config = read_config(workdir) if config is None else config
-  step = pick_step(workdir, step)
+  requested, step = step, pick_step(workdir, step)
   from gated_attention.training import train as train_lib  # pylint: disable=g-import-not-at-top
   mesh = build_mesh(config)
   setup = train_lib.Setup(config, mesh)
-  params = restore_params(setup, workdir, step)
+  if requested is None:         # the latest that verifies
+    step, params = restore_latest_params(setup, workdir)
+  else:
+    params = restore_params(setup, workdir, step)
   return Run(workdir=workdir, config=config, model_cfg=setup.model_cfg, step=step, params=params,
              graphdef=setup.graphdef, tokenizer=_tokenizer(config),
              metrics=read_metrics(workdir), mesh=mesh)

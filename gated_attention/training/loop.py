@@ -141,10 +141,9 @@ def _init_from(run: _Run, source: str):
   """A fresh run starting from another run's latest parameters (train.init_from)."""
   other = ckpt_lib.Checkpointer(source, read_only=True)
   try:
-    step = other.latest_step()
-    if step is None:
+    if other.latest_step() is None:
       raise CheckpointError(f'--config.train.init_from={source}: no checkpoint there.')
-    run.params = other.restore_params(step, run.setup.abstract_params)
+    step, run.params = other.restore_latest_params(run.setup.abstract_params, warn=_say)
   finally:
     other.close()
   run.opt_state = run.setup.init_opt_state(run.params)
