@@ -78,6 +78,17 @@ def _parse_flags(argv):
     if os.environ.get('GATED_ATTENTION_TRACEBACK'):
       raise
     _fail(f'Error in the command line: --config: {e}')
+  except SyntaxError as e:  # the config file does not parse (IndentationError too)
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    text = f': {e.text.strip()}' if e.text else ''
+    _fail(f'Error in the command line: --config: {e.filename} does not parse: {e.msg} at line '
+          f'{e.lineno}{text}')
+  except (ImportError, NameError) as e:  # the config file imports or names what is not there
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    _fail(f'Error in the command line: --config: loading the config file raised '
+          f'{type(e).__name__}: {e}')
   except flags.Error as e:  # the config file raised (ml_collections puts its traceback inside)
     if os.environ.get('GATED_ATTENTION_TRACEBACK'):
       raise

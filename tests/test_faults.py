@@ -933,3 +933,70 @@ def test_nonfinite_values_are_caught_without_checksums(tmp_path, monkeypatch):
                                             params), warn=said.append)
   finally:
     reader.close()
+
+
+# One paragraph, not a traceback (issue 24) ------------------------------------------------------
+
+@pytest.mark.parametrize('flags, message', [
+    pytest.param(['--config={bad_config}', '--mode=params'],
+                 'does not parse: invalid syntax at line 1: def get_config(:', id='config_syntax'),
+    pytest.param(['--mode=compile', '--topology=nonsense:9x9'],
+                 "unknown TPU generation 'nonsense'", id='topology_unknown'),
+    pytest.param(['--mode=compile', '--topology=v5p:0x0'],
+                 "the chip grid '0x0' is not positive integers", id='topology_0x0'),
+    pytest.param(['--mode=compile'], '--mode=compile needs --topology', id='no_topology'),
+])
+def test_command_line_errors_are_one_paragraph(tmp_path, env, flags, message):
+  bad = tmp_path / 'bad_config.py'
+  bad.write_text('def get_config(:\n  pass\n')
+  done = run_main([sys.executable, 'main.py'] + [f.format(bad_config=bad) for f in flags], env,
+                  timeout=120)
+  assert done.returncode == 1, (done.stdout, done.stderr)
+  one_paragraph(done.stderr)
+  assert message in ' '.join(done.stderr.split()), done.stderr
+  assert len(done.stderr.splitlines()) <= 6, done.stderr
+
+
+def test_unreadable_checkpoints_directory_is_one_paragraph(reference, tmp_path, monkeypatch):
+  """Root reads any directory whatever its mode, so the denial is simulated: os.listdir and
+  os.scandir (what etils' listing under orbax calls) raise PermissionError for paths under this
+  run's checkpoints/, as they do for a user without the read permission."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  for name in ('listdir', 'scandir'):
+    real = getattr(os, name)
+    def denied(path='.', *a, _real=real, **k):
+      if os.fspath(path).startswith(ckpts):
+        raise PermissionError(errno.EACCES, 'Permission denied', os.fspath(path))
+      return _real(path, *a, **k)
+    monkeypatch.setattr(os, name, denied)
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    loop.run(config(), workdir)
+  message = str(e.value)
+  assert message.startswith(f'Cannot read the checkpoints directory {ckpts}: PermissionError: '
+                            'Permission denied') and '\n' not in message, message
+  monkeypatch.undo()
+  assert not os.path.exists(os.path.join(workdir, lock_lib.LOCK_FILE))   # released
+
+
+def test_tensorboard_writer_failure_is_one_note_not_tracebacks(tmp_path, capfd):
+  """tensorboardX's writer thread and its close fail with ENOSPC (simulated: its events writer
+  raises): one note, metrics.jsonl keeps every row, no traceback from the thread or the exit
+  hook (tensorboardX's atexit cleanup calls the event writer's close: called here)."""
+  from gated_attention.training import reporting  # pylint: disable=g-import-not-at-top
+  writer = reporting.MetricsWriter(str(tmp_path / 'run'))
+  events_file = writer.tb_events
+
+  def full(*_):
+    raise OSError(errno.ENOSPC, 'No space left on device')
+  events_file._ev_writer.write_event = full
+  events_file._ev_writer.flush = full
+  for step in range(1, 30):
+    writer.write(step, 'train', {'loss': 1.0 / step})
+    time.sleep(0.01)
+  writer.close()
+  events_file.close()                               # tensorboardX's exit hook
+  out, err = capfd.readouterr()
+  assert 'Traceback' not in err and 'Exception in thread' not in err, err
+  assert out.count('Note: TensorBoard events are off for the rest of this run') == 1, out
+  assert sorted(rows(str(tmp_path / 'run'))) == list(range(1, 30))

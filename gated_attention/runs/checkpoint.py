@@ -99,7 +99,7 @@ class Checkpointer:
         policy.LatestN(keep),
         policy.BestN(get_metric_fn=level, reverse=True, n=1,
                      keep_checkpoints_without_metrics=True)])
-    with _quiet_orbax() if read_only else contextlib.nullcontext():
+    with _quiet_orbax() if read_only else contextlib.nullcontext(), self._readable():
       options = ocp.CheckpointManagerOptions(
           create=not read_only, read_only=read_only, enable_async_checkpointing=not read_only,
           preservation_policy=preserve, best_fn=level, best_mode='min',
@@ -109,12 +109,26 @@ class Checkpointer:
                                            item_names=('state', 'data'))
     self._sizes = {}
 
+  @contextlib.contextmanager
+  def _readable(self):
+    """A checkpoints directory that cannot be listed (permissions; etils raises from deep in
+    orbax) as one CheckpointError."""
+    try:
+      yield
+    except OSError as e:
+      raise CheckpointError(
+          f'Cannot read the checkpoints directory {self.directory}: {type(e).__name__}: '
+          f'{e.strerror or e}{f" ({e.filename})" if e.filename else ""}. Check its permissions '
+          '(and the user this runs as), or pass another --workdir.') from e
+
   def all_steps(self) -> list[int]:
     """Steps of the finished checkpoints (unfinished temporaries are not listed)."""
-    return sorted(self.manager.all_steps())
+    with self._readable():
+      return sorted(self.manager.all_steps())
 
   def latest_step(self) -> int | None:
-    return self.manager.latest_step()
+    with self._readable():
+      return self.manager.latest_step()
 
   def best_step(self, before: int | None = None) -> int | None:
     """The checkpoint with the lowest running loss level (the loop's, saved with it), among
