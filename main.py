@@ -132,11 +132,27 @@ def _libraries_log_to(log_dir: str):
   """The libraries' own log records (orbax's warnings, an asynchronous save's error logs with
   their tracebacks) go to files in `log_dir`, not the console: the console keeps the progress and
   our one-paragraph errors. --verbosity=... keeps everything on the console."""
+  import atexit  # pylint: disable=g-import-not-at-top
   import logging as std_logging  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  workdir = os.path.dirname(os.path.abspath(log_dir))
+  created = not os.path.exists(workdir)
   try:
     os.makedirs(log_dir, exist_ok=True)
   except OSError:
     return  # an unwritable workdir: the run refuses it with a clear message of its own
+
+  def remove_if_unused():
+    """A workdir this command created and then wrote nothing else into (it failed first: a bad
+    setting, missing data) is not left behind holding only logs/."""
+    try:
+      if os.listdir(workdir) == [os.path.basename(log_dir)]:
+        logging.get_absl_handler().flush()
+        shutil.rmtree(workdir, ignore_errors=True)
+    except OSError:
+      pass
+  if created:
+    atexit.register(remove_if_unused)
   logging.get_absl_handler().use_absl_log_file('main', log_dir)
   std_logging.raiseExceptions = False  # a full disk: no "--- Logging error ---" on the console
 

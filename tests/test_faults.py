@@ -1000,3 +1000,52 @@ def test_tensorboard_writer_failure_is_one_note_not_tracebacks(tmp_path, capfd):
   assert 'Traceback' not in err and 'Exception in thread' not in err, err
   assert out.count('Note: TensorBoard events are off for the rest of this run') == 1, out
   assert sorted(rows(str(tmp_path / 'run'))) == list(range(1, 30))
+
+
+# Small ones (issue 24) --------------------------------------------------------------------------
+
+@pytest.mark.parametrize('flags, message', [
+    pytest.param(['--config.train.log_every=0'], 'config.train.log_every=0 must be positive',
+                 id='bad_setting'),
+    pytest.param(['--config.data.source=text', '--config.data.path=/nonexistent/*.txt'],
+                 'data.path', id='missing_data'),
+])
+def test_a_failed_command_leaves_no_new_workdir(tmp_path, env, flags, message):
+  """A training command that fails before writing anything does not leave the --workdir it
+  created behind (it held logs/: main.py sends the libraries' logs there first)."""
+  workdir = str(tmp_path / 'new' / 'run')
+  done = run_main([sys.executable, 'main.py', f'--workdir={workdir}'] + flags, env, timeout=120)
+  assert done.returncode == 1, (done.stdout, done.stderr)
+  one_paragraph(done.stderr)
+  assert message in ' '.join(done.stderr.split()), done.stderr
+  assert not os.path.exists(workdir), os.listdir(workdir)
+
+
+def test_a_truncated_checkpoints_warning_has_no_pybind_repr(reference, tmp_path, capsys):
+  workdir = copy_run(reference.workdir, tmp_path)
+  _every_data_file(lambda p: os.truncate(p, os.path.getsize(p) // 2))(
+      os.path.join(workdir, 'checkpoints', '30'), None)
+  loop.run(config(), workdir)
+  warning = next(l for l in capsys.readouterr().out.splitlines()
+                 if l.startswith('Warning: checkpoint 30'))
+  assert 'bound method' not in warning and 'pybind11' not in warning, warning
+  assert 'See full TensorStore details' not in warning, warning
+
+
+def test_data_file_messages_name_the_problem(tmp_path):
+  import input_pipeline  # pylint: disable=g-import-not-at-top
+  from input_pipeline import sources  # pylint: disable=g-import-not-at-top
+  from configs import base  # pylint: disable=g-import-not-at-top,unused-import
+  latin = tmp_path / 'latin1.txt'
+  latin.write_bytes('caf\u00e9 cr\u00e8me br\u00fbl\u00e9e, '.encode('latin-1') * 50)
+  numbers = tmp_path / 'numbers.jsonl'
+  numbers.write_text('{"text": 17}\n{"text": 18}\n')
+  data = config().data
+  for source, path, want in (('text', latin, "as UTF-8 text ('utf-8' codec can't decode"),
+                             ('jsonl', numbers, "field 'text' holds a JSON number (17), not a "
+                                                'string')):
+    cfg = data.copy_and_resolve_references()
+    cfg.source, cfg.path = source, str(path)
+    with pytest.raises(sources.DataError) as e:
+      input_pipeline.sources.load_documents(cfg)
+    assert want in str(e.value) and 'only 1 document' not in str(e.value), str(e.value)

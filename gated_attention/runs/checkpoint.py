@@ -75,6 +75,14 @@ def integrity(tree) -> tuple[dict[str, int], list[str]]:
   return sums, bad
 
 
+def _reason(e: Exception) -> str:
+  """'Type: the first line of the message', without orbax's pointer to a TensorStore spec dump
+  (whose first line is a `<bound method pybind11...>` repr), at most ~200 characters."""
+  first = (str(e).strip().splitlines() or [''])[0]
+  first = first.split(' See full TensorStore details', 1)[0].rstrip()
+  return f'{type(e).__name__}: {first if len(first) <= 200 else first[:200] + "..."}'
+
+
 def _dir_bytes(path: str) -> int:
   return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
@@ -255,8 +263,7 @@ class Checkpointer:
           state=ocp.args.StandardRestore(abstract_state),
           data=grain.checkpoint.CheckpointRestore(data_iter)))
     except Exception as e:  # orbax and grain raise many types
-      first = (str(e).strip().splitlines() or [''])[0]
-      raise CheckpointError(f'{type(e).__name__}: {first[:200]}') from e
+      raise CheckpointError(_reason(e)) from e
     self._verify(step, out['state'], warn)
     loop = self.manager.metadata(step).custom_metadata.get('loop') or {}
     return Restored(step, out['state'], loop, warm=False)
@@ -323,12 +330,10 @@ class Checkpointer:
             item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
             partial_restore=True)))
     except Exception as e:  # orbax raises many types (a TensorStore spec dump for a bad file)
-      first = (str(e).strip().splitlines() or [''])[0]
-      first = first if len(first) <= 200 else first[:200] + '...'
       shape = any(w in str(e).lower() for w in ('shape', 'structure', 'mismatch', 'keys'))
       hint = ('; is the saved config.json the one it was trained with?' if shape
               else '; its files are damaged or incomplete')
-      raise CheckpointError(f'{type(e).__name__}: {first}{hint}') from e
+      raise CheckpointError(f'{_reason(e)}{hint}') from e
     finally:
       reader.close()
     return out['state']['params']
