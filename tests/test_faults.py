@@ -1049,3 +1049,53 @@ def test_data_file_messages_name_the_problem(tmp_path):
     with pytest.raises(sources.DataError) as e:
       input_pipeline.sources.load_documents(cfg)
     assert want in str(e.value) and 'only 1 document' not in str(e.value), str(e.value)
+
+
+# A save interrupted mid-write (issue 24) --------------------------------------------------------
+
+def test_sigterm_mid_save_finishes_the_save_and_resumes_bitwise(env, reference, tmp_path):
+  """Real: SIGTERM (a preemption notice) while checkpoint 20 is written: the loop stops at the
+  next step, waits for the save, saves the step it reached (calm) and exits 0; the same command
+  resumes and ends bitwise."""
+  workdir = str(tmp_path / 'run')
+  cmd = main_cmd(workdir)
+  with open(tmp_path / 'log', 'w') as out:
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+      saving, deadline = _saving(workdir, 20), time.time() + 300
+      while not saving():
+        assert proc.poll() is None and time.time() < deadline, (tmp_path / 'log').read_text()
+        time.sleep(0.002)
+      proc.send_signal(signal.SIGTERM)
+      proc.wait(timeout=120)
+    finally:
+      proc.kill()
+      proc.wait()
+  log = (tmp_path / 'log').read_text()
+  assert proc.returncode == 0, log
+  assert 'Interrupted (signal 15) at step' in log, log
+  saved = steps_of(workdir)
+  assert saved[:2] == [10, 20] and max(rows(workdir)) < STEPS, (saved, log)
+  done = run_main(cmd, env)
+  assert done.returncode == 0, done.stderr
+  assert f'resuming at step {saved[-1]}' in done.stdout
+  assert_like_reference(workdir, reference)
+
+
+def test_a_partially_written_save_is_ignored_and_the_one_before_resumes(reference, tmp_path,
+                                                                        capsys):
+  """Simulated: the save of 30 was cut off mid-write (a kill, a preemption past its grace
+  period): orbax's temporary directory holds part of its files and was never committed. The run
+  resumes from 20 with no warning and ends bitwise."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  tmp = os.path.join(ckpts, '30.orbax-checkpoint-tmp-1733100000000000')
+  os.rename(os.path.join(ckpts, '30'), tmp)
+  os.remove(os.path.join(tmp, '_CHECKPOINT_METADATA'))      # orbax writes it at the commit
+  for f in sorted(_files(os.path.join(tmp, 'state')))[::2]:  # and half the state's files
+    os.remove(os.path.join(tmp, 'state', f[0]))
+  assert steps_of(workdir) == [10, 20]
+  loop.run(config(), workdir)
+  out = capsys.readouterr().out
+  assert 'resuming at step 20' in out and 'unusable' not in out, out
+  assert_like_reference(workdir, reference)
