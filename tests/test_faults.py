@@ -679,6 +679,7 @@ def test_disk_full_tmpfs_during_an_async_save(env, reference, small_disk, tmp_pa
         f'{len(stderr[:start].splitlines())} lines before the message '
         f'({stderr[:start].count("Traceback")} tracebacks, logged by orbax), '
         f'{len(stderr[start:].splitlines())} from it on')
+  assert 'Traceback' not in stderr[start:], stderr[start:]    # none after it (tensorboardX's)
   if message.startswith('Error (CheckpointError): Saving a checkpoint to'):
     assert 'No space left on device' in message and steps_of(workdir) == [10]
     assert stopped < 30                             # at a step after the failure, not at 30
