@@ -1100,3 +1100,22 @@ def test_a_partially_written_save_is_ignored_and_the_one_before_resumes(referenc
   out = capsys.readouterr().out
   assert 'resuming at step 20' in out and 'unusable' not in out, out
   assert_like_reference(workdir, reference)
+
+
+def test_analyze_and_export_fall_back_from_a_bad_latest_checkpoint(reference, tmp_path, capsys):
+  """--mode=analyze and --mode=export without a step: the newest checkpoint that verifies (a
+  warning for the damaged 30), nothing in the run directory's checkpoints changed."""
+  from gated_attention.analysis import analyze  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  workdir = copy_run(reference.workdir, tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  _wrong_checksums(os.path.join(ckpts, '30'), None)
+  before = _files(ckpts)
+  analyze.run(config(), workdir, out_dir=str(tmp_path / 'analysis'))
+  with open(tmp_path / 'analysis' / 'report.json') as f:
+    assert json.load(f)['step'] == 20
+  exported = interop.export_run(workdir, str(tmp_path / 'hf'))
+  assert exported['step'] == 20
+  out = capsys.readouterr().out
+  assert out.count('Warning: checkpoint 30 in') == 2 and 'checksum mismatch' in out, out
+  assert _files(ckpts) == before

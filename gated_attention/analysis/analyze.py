@@ -244,7 +244,10 @@ def run(config, workdir: str, *, overrides: dict | None = None, options: dict | 
       cfg.data, global_batch_size=cfg.train.batch_size, seed=cfg.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
   setup = train_lib.Setup(cfg, runs.build_mesh(cfg))
-  params = runs.restore_params(setup, workdir, step)
+  if int(opts['step']) < 0:     # the latest that verifies (a bad newer one: a warning)
+    step, params = runs.restore_latest_params(setup, workdir)
+  else:
+    params = runs.restore_params(setup, workdir, step)
   result = eval_lib.evaluate(setup, params, data.val_batches())
   report = _report(result, cfg, workdir, step, data, opts['attn_map_layers'])
   out_dir = out_dir or os.path.join(workdir, runs.ANALYSIS_DIR)

@@ -75,9 +75,13 @@ def export_run(workdir: str, out_dir: str, *, step: int | None = None, dtype: st
   t0 = time.time()
   config = runs.read_config(workdir)
   hf_config.check_exportable(config)
-  step = runs.pick_step(workdir, step)
+  requested, step = step, runs.pick_step(workdir, step)
   setup = train_lib.Setup(config, runs.build_mesh(config))
-  params = jax.device_get(runs.restore_params(setup, workdir, step))
+  if requested is None:         # the latest that verifies (a bad newer one: a warning)
+    step, params = runs.restore_latest_params(setup, workdir)
+  else:
+    params = runs.restore_params(setup, workdir, step)
+  params = jax.device_get(params)
   out = convert.save_hf(config, params, out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes,
                         remote_code_dir=remote_code_dir)
   return dict(out, out_dir=os.path.abspath(out_dir), step=step, seconds=round(time.time() - t0, 1),
