@@ -77,6 +77,17 @@ def _parse_flags(argv):
     if os.environ.get('GATED_ATTENTION_TRACEBACK'):
       raise
     _fail(f'Error in the command line: --config: {e}')
+  except SyntaxError as e:  # the config file does not parse (IndentationError too)
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    text = f': {e.text.strip()}' if e.text else ''
+    _fail(f'Error in the command line: --config: {e.filename} does not parse: {e.msg} at line '
+          f'{e.lineno}{text}')
+  except (ImportError, NameError) as e:  # the config file imports or names what is not there
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    _fail(f'Error in the command line: --config: loading the config file raised '
+          f'{type(e).__name__}: {e}')
   except flags.Error as e:  # the config file raised (ml_collections puts its traceback inside)
     if os.environ.get('GATED_ATTENTION_TRACEBACK'):
       raise
@@ -104,11 +115,27 @@ def _libraries_log_to(log_dir: str):
   """The libraries' own log records (orbax's warnings, an asynchronous save's error logs with
   their tracebacks) go to files in `log_dir`, not the console: the console keeps the progress and
   our one-paragraph errors. --verbosity=... keeps everything on the console."""
+  import atexit  # pylint: disable=g-import-not-at-top
   import logging as std_logging  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  workdir = os.path.dirname(os.path.abspath(log_dir))
+  created = not os.path.exists(workdir)
   try:
     os.makedirs(log_dir, exist_ok=True)
   except OSError:
     return  # an unwritable workdir: the run refuses it with a clear message of its own
+
+  def remove_if_unused():
+    """A workdir this command created and then wrote nothing else into (it failed first: a bad
+    setting, missing data) is not left behind holding only logs/."""
+    try:
+      if os.listdir(workdir) == [os.path.basename(log_dir)]:
+        logging.get_absl_handler().flush()
+        shutil.rmtree(workdir, ignore_errors=True)
+    except OSError:
+      pass
+  if created:
+    atexit.register(remove_if_unused)
   logging.get_absl_handler().use_absl_log_file('main', log_dir)
   std_logging.raiseExceptions = False  # a full disk: no "--- Logging error ---" on the console
 

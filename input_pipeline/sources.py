@@ -92,14 +92,24 @@ def _line_spans(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   return start[keep].astype(np.int64), end[keep].astype(np.int64), line[keep]
 
 
+def _json_type(v) -> str:
+  return {bool: 'boolean', int: 'number', float: 'number', str: 'string', list: 'array',
+          dict: 'object', type(None): 'null'}.get(type(v), type(v).__name__)
+
+
 def _json_text(raw: bytes, field: str, where: str) -> str:
   """The string `field` of the JSON object `raw`; `where` names it in errors."""
   try:
     obj = json.loads(raw)
   except ValueError as e:
     raise DataError(f'{where}: not valid JSON ({e}).') from e
+  if isinstance(obj, dict) and field in obj and not isinstance(obj[field], str):
+    value = json.dumps(obj[field])
+    raise DataError(f'{where}: field {field!r} holds a JSON {_json_type(obj[field])} '
+                    f'({value if len(value) <= 40 else value[:40] + "..."}), not a string; set '
+                    '--config.data.text_field to the key that holds the text.')
   if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
-    found = f'keys {sorted(obj)}' if isinstance(obj, dict) else f'a JSON {type(obj).__name__}'
+    found = f'keys {sorted(obj)}' if isinstance(obj, dict) else f'a JSON {_json_type(obj)}'
     raise DataError(f'{where}: no string field {field!r} (found {found}); set '
                     '--config.data.text_field to the key that holds the text.')
   return obj[field]
@@ -285,6 +295,8 @@ def load_documents(cfg) -> Documents:
     raise DataError(f'Unknown data.source={cfg.source!r}; set --config.data.source to one of '
                     f'{", ".join(SOURCES)}.')
   empty = len(docs) == 0 or (docs.sizes is not None and not docs.sizes.any())
+  if not empty and len(docs) < 2:
+    docs[0]  # pylint: disable=pointless-statement  # unreadable (not UTF-8): say so, not "only 1"
   if empty or len(docs) < 2:
     what = 'is empty' if empty else 'has only 1 document'
     raise DataError(f'{docs.name} {what}; the train/validation split needs at least 2 documents. '

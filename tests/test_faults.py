@@ -350,7 +350,7 @@ def poison(monkeypatch, first: int, count: int):
   return hit
 
 
-def test_nan_gradient_step_is_skipped(reference, tmp_path, monkeypatch):
+def test_nan_gradient_step_is_skipped(reference, tmp_path, monkeypatch, capsys):
   workdir = str(tmp_path / 'run')
   hit = poison(monkeypatch, 15, 1)
   loop.run(config(), workdir)
@@ -366,8 +366,10 @@ def test_nan_gradient_step_is_skipped(reference, tmp_path, monkeypatch):
   assert (report['skipped_steps'], report['spikes'], report['halted']) == (1, 0, False)
   assert {s: l for s, l in losses(workdir).items() if s < 15} == {
       s: l for s, l in reference.losses.items() if s < 15}
-  # Not calm within spike_window steps of the skip: no checkpoint at 20; the last one is saved.
-  assert steps_of(workdir) == [10, 30]
+  # Not calm within spike_window (50) steps of the skip: no checkpoint at 20, nor at the last
+  # step (issue 24: it was saved with `calm or last`); the run ends with checkpoint 10.
+  assert steps_of(workdir) == [10]
+  assert 'step 30: not saved: the loss is not calm' in capsys.readouterr().out
   assert_finite(params_of(workdir))
 
 
@@ -677,9 +679,443 @@ def test_disk_full_tmpfs_during_an_async_save(env, reference, small_disk, tmp_pa
         f'{len(stderr[:start].splitlines())} lines before the message '
         f'({stderr[:start].count("Traceback")} tracebacks, logged by orbax), '
         f'{len(stderr[start:].splitlines())} from it on')
+  assert 'Traceback' not in stderr[start:], stderr[start:]    # none after it (tensorboardX's)
   if message.startswith('Error (CheckpointError): Saving a checkpoint to'):
     assert 'No space left on device' in message and steps_of(workdir) == [10]
     assert stopped < 30                             # at a step after the failure, not at 30
   else:                                             # the filler came after the save's writes
     assert 'MiB are free on the disk' in message and steps_of(workdir) == [10, 20]
   _resume_elsewhere(workdir, tmp_path, reference)
+
+
+# Nothing saved while spiking (issue 24) ---------------------------------------------------------
+
+HOT = {'train.learning_rate': 10, 'train.steps': 40, 'train.checkpoint_every': 5,
+       'train.eval_every': 40}
+
+
+def test_a_run_that_ends_spiking_saves_nothing_at_the_last_step(reference, tmp_path, capsys):
+  """lr 10 from scratch: spikes from the first steps on (above 1.5 x ln(vocab)). The last step is
+  not calm: not saved either (it was, with `calm or last`), and the output says so."""
+  del reference  # the compilation cache
+  workdir = str(tmp_path / 'run')
+  loop.run(config(**HOT), workdir)
+  out = capsys.readouterr().out
+  spikes = [e['step'] for e in events(workdir) if e['split'] == 'spike']
+  assert spikes and spikes[-1] == 40, spikes
+  saved = steps_of(workdir)
+  assert all(s < spikes[0] for s in saved), (saved, spikes[0])   # only steps before the spikes
+  line = next(l for l in out.splitlines() if l.startswith('step 40: not saved'))
+  assert 'the loss is not calm' in line and (
+      f'last calm checkpoint, step {saved[-1]}' if saved else 'no checkpoint was saved') in line
+  print(line)
+
+
+def test_resuming_into_spikes_keeps_the_good_checkpoint_best(reference, tmp_path, capsys):
+  """The reference resumed at lr 10 for 10 more steps: it spikes from step ~32. Before: the last
+  step (40) was saved at the level of the good steps (spike steps do not move the level), ranked
+  best and rotated 10 out. Now nothing is saved; 30 stays best and bitwise the reference's."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  loop.run(config(**HOT), workdir)
+  out = capsys.readouterr().out
+  assert [e['step'] for e in events(workdir) if e['split'] == 'spike'][-1] == 40
+  assert 'step 40: not saved: the loss is not calm' in out, out
+  assert 'last calm checkpoint, step 30' in out, out
+  assert steps_of(workdir) == [10, 20, 30]
+  ckpt = ckpt_lib.Checkpointer(workdir, read_only=True)
+  try:
+    assert ckpt.best_step() == 30
+  finally:
+    ckpt.close()
+  assert_bitwise(params_of(workdir), reference.params)
+
+
+# One trainer per run directory (issue 24) -------------------------------------------------------
+
+from gated_attention.runs import lock as lock_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _write_lock(workdir, **holder):
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, lock_lib.LOCK_FILE)
+  with open(path + '.tmp', 'w') as f:
+    json.dump(holder, f)
+  os.replace(path + '.tmp', path)
+
+
+def test_a_second_trainer_is_refused_then_a_killed_one_never_blocks(env, reference, tmp_path):
+  """Real: main.py trains (the reference resumed for many more steps); a second main.py on the
+  same workdir is refused, one paragraph naming the holder; after a kill -9 of the holder, the
+  same command runs (the lock names a dead pid on this host: taken over with a warning)."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  long = main_cmd(workdir, **{'train.steps': 100000, 'train.eval_every': 100000})
+  with open(tmp_path / 'log', 'w') as out:
+    first = subprocess.Popen(long, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+      ready, deadline = _logged(workdir, STEPS + 1), time.time() + 300
+      while not ready():
+        assert first.poll() is None and time.time() < deadline, (tmp_path / 'log').read_text()
+        time.sleep(0.01)
+      with open(os.path.join(workdir, lock_lib.LOCK_FILE)) as f:
+        holder = json.load(f)
+      assert holder['pid'] == first.pid and holder['host'] == lock_lib.socket.gethostname()
+      before = rows(workdir)
+      second = run_main(main_cmd(workdir), env)
+      assert second.returncode == 1, (second.stdout, second.stderr)
+      one_paragraph(second.stderr)
+      message = ' '.join(second.stderr.split())
+      assert (f'is in use by another trainer (host {holder["host"]}, pid {first.pid}, started '
+              in message), message
+      assert set(rows(workdir)) >= set(before)      # the second one wrote no metrics rows
+      first.send_signal(signal.SIGKILL)
+      first.wait()
+    finally:
+      first.kill()
+      first.wait()
+  third = run_main(main_cmd(workdir), env)          # steps=30: nothing left to train
+  assert third.returncode == 0, third.stderr
+  assert (f'Warning: taking over the lock of {workdir} from a trainer that is gone (host '
+          f'{holder["host"]}, pid {first.pid}') in third.stdout and (
+              f'process {first.pid} is not running') in third.stdout, third.stdout
+  assert not os.path.exists(os.path.join(workdir, lock_lib.LOCK_FILE))   # released at the end
+
+
+def test_lock_staleness_live_dead_reused_pid_and_other_hosts(tmp_path):
+  """Simulated holders (the lock file written by hand): a live process on this host holds;
+  a dead pid, a reused pid (another start time) and an old heartbeat of another host do not."""
+  host, now = lock_lib.socket.gethostname(), time.time()
+  sleeper = subprocess.Popen(['sleep', '60'])
+  try:
+    cases = {
+        'live': (dict(host=host, pid=sleeper.pid, started=now, heartbeat=now - 1e4,
+                      process_start=lock_lib._process_start(sleeper.pid)), None),
+        'dead': (dict(host=host, pid=2**22 + 7, started=now, heartbeat=now), 'is not running'),
+        'reused': (dict(host=host, pid=sleeper.pid, started=now, heartbeat=now,
+                        process_start='1'), 'is now another process'),
+        'other_host_fresh': (dict(host='gone-node', pid=1, started=now, heartbeat=now - 10),
+                             None),
+        'other_host_lost': (dict(host='gone-node', pid=1, started=now - 2000,
+                                 heartbeat=now - 1000), 'its heartbeat is 1000 s old'),
+    }
+    for name, (holder, why) in cases.items():
+      workdir = str(tmp_path / name)
+      _write_lock(workdir, **holder)
+      lock, said = lock_lib.RunLock(workdir), []
+      if why is None:
+        with pytest.raises(ckpt_lib.CheckpointError, match='is in use by another trainer') as e:
+          lock.acquire(warn=said.append)
+        assert f'pid {holder["pid"]}' in str(e.value) and '\n' not in str(e.value)
+        assert lock.read() == holder                # untouched
+      else:
+        lock.acquire(warn=said.append)
+        assert len(said) == 1 and why in said[0], (name, said)
+        assert lock.read()['pid'] == os.getpid()
+        lock.release()
+        assert os.listdir(workdir) == []
+  finally:
+    sleeper.kill()
+    sleeper.wait()
+
+
+def test_lock_heartbeat_and_a_lost_lock(tmp_path):
+  lock = lock_lib.RunLock(str(tmp_path / 'run'), heartbeat_s=0.05)
+  lock.acquire()
+  first = lock.read()['heartbeat']
+  time.sleep(0.5)
+  assert lock.read()['heartbeat'] > first           # the background thread refreshes it
+  lock.check()
+  _write_lock(lock.workdir, host='elsewhere', pid=5, started=time.time(),
+              heartbeat=time.time())                # taken over: this holder was thought lost
+  time.sleep(0.3)
+  assert 'now names host elsewhere, pid 5' in lock.lost
+  with pytest.raises(ckpt_lib.CheckpointError, match='lost the lock'):
+    lock.check()
+  lock.release()
+  assert lock.read()['host'] == 'elsewhere'         # not ours: left in place
+
+
+def test_readers_do_not_take_the_lock(reference, tmp_path):
+  """A run held by a live trainer opens for evaluation (load.py), and the lock stays as it was."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  holder = dict(host=lock_lib.socket.gethostname(), pid=os.getpid(), started=time.time(),
+                heartbeat=time.time(), process_start=lock_lib._process_start(os.getpid()))
+  _write_lock(workdir, **holder)
+  assert_bitwise(params_of(workdir), reference.params)
+  assert lock_lib.RunLock(workdir).read() == holder
+
+
+# Parameters-only restores verify too, read-only (issue 24) ---------------------------------------
+
+def _every_data_file(how):
+  """`how` applied to every data file of the step (one file may hold only optimizer state,
+  which a parameters-only restore does not read)."""
+  def damage(step_dir, _):
+    for d, _, fs in os.walk(os.path.join(step_dir, 'state')):
+      for f in fs:
+        path = os.path.join(d, f)
+        if os.sep + 'd' + os.sep in path and os.path.getsize(path) > 64:
+          how(path)
+  return damage
+
+
+def _flip_file(path):
+  with open(path, 'r+b') as f:
+    f.seek(os.path.getsize(path) // 2)
+    old = f.read(4)
+    f.seek(-4, os.SEEK_CUR)
+    f.write(bytes(b ^ 0x5A for b in old))
+
+
+READ_ONLY_DAMAGE = {
+    'flipped_bytes': _every_data_file(_flip_file),
+    'truncated_files': _every_data_file(lambda p: os.truncate(p, os.path.getsize(p) // 2)),
+    'empty_step_dir': _empty, 'wrong_checksum': _wrong_checksums}
+
+
+@pytest.mark.parametrize('damage', READ_ONLY_DAMAGE)
+def test_parameters_only_restore_verifies_and_changes_nothing(reference, tmp_path, capsys,
+                                                              damage):
+  """load_run (analysis, sampling, long-context): the latest that verifies, a warning naming
+  what was wrong, nothing renamed; the damaged step asked for by number: one paragraph."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  READ_ONLY_DAMAGE[damage](os.path.join(ckpts, '30'), os.path.join(ckpts, '20'))
+  reason = (DAMAGE['truncated_file' if damage == 'truncated_files' else damage][1]
+            + '|damaged or incomplete')
+  before = _files(ckpts)
+  run = runs_lib.load_run(workdir)
+  out = capsys.readouterr().out
+  assert run.step == 20
+  assert_bitwise(jax.device_get(run.params), params_of(reference.workdir, 20))
+  warning = next(l for l in out.splitlines() if l.startswith('Warning: checkpoint 30'))
+  assert re.search(reason, warning) and 'the run directory is left as it is' in warning, warning
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    runs_lib.load_run(workdir, 30)
+  message = str(e.value)
+  print(f'{warning}\n{message}')
+  assert message.startswith(f'Checkpoint 30 in {ckpts} is unusable (') and '\n' not in message
+  assert len(message) < 700 and 'Other checkpoints: [10, 20]' in message, message
+  assert _files(ckpts) == before                    # read-only: nothing set aside or changed
+
+
+def test_deleted_checkpoint_metadata_is_unverified_not_silent(reference, tmp_path, capsys):
+  """checkpoints/30/_CHECKPOINT_METADATA deleted: the checksums are gone; the restore says the
+  checkpoint is unverified (training and load_run) and still checks the values are finite."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  os.remove(os.path.join(workdir, 'checkpoints', '30', '_CHECKPOINT_METADATA'))
+  assert steps_of(workdir) == [10, 20, 30]
+  run = runs_lib.load_run(workdir)
+  out = capsys.readouterr().out
+  assert run.step == 30
+  assert_bitwise(jax.device_get(run.params), reference.params)
+  assert ('Warning: checkpoint 30 in ' in out and 'is unverified: its _CHECKPOINT_METADATA is '
+          'missing' in out), out
+  loop.run(config(), workdir)                       # training's restore says so too
+  out = capsys.readouterr().out
+  assert 'is unverified: its _CHECKPOINT_METADATA is missing' in out, out
+
+
+def test_nonfinite_values_are_caught_without_checksums(tmp_path, monkeypatch):
+  """A checkpoint holding a NaN (written with the save's own check bypassed) and no metadata:
+  the parameters-only restore refuses it."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  params = {'w': jnp.array([1.0, jnp.nan, 3.0]), 'b': jnp.zeros(2)}
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path / 'run'))
+  with monkeypatch.context() as m:
+    m.setattr(ckpt_lib, 'integrity', lambda t: ({}, []))
+    ckpt.save_params(1, params)
+  ckpt.close()
+  os.remove(str(tmp_path / 'run' / 'checkpoints' / '1' / '_CHECKPOINT_METADATA'))
+  said = []
+  reader = ckpt_lib.Checkpointer(str(tmp_path / 'run'), read_only=True)
+  try:
+    with pytest.raises(ckpt_lib.CheckpointError, match=r"non-finite values in \[\"\['params'\]"):
+      reader.restore_params(1, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                            params), warn=said.append)
+  finally:
+    reader.close()
+
+
+# One paragraph, not a traceback (issue 24) ------------------------------------------------------
+
+@pytest.mark.parametrize('flags, message', [
+    pytest.param(['--config={bad_config}', '--mode=params'],
+                 'does not parse: invalid syntax at line 1: def get_config(:', id='config_syntax'),
+    pytest.param(['--mode=compile', '--topology=nonsense:9x9'],
+                 "unknown TPU generation 'nonsense'", id='topology_unknown'),
+    pytest.param(['--mode=compile', '--topology=v5p:0x0'],
+                 "the chip grid '0x0' is not positive integers", id='topology_0x0'),
+    pytest.param(['--mode=compile'], '--mode=compile needs --topology', id='no_topology'),
+])
+def test_command_line_errors_are_one_paragraph(tmp_path, env, flags, message):
+  bad = tmp_path / 'bad_config.py'
+  bad.write_text('def get_config(:\n  pass\n')
+  done = run_main([sys.executable, 'main.py'] + [f.format(bad_config=bad) for f in flags], env,
+                  timeout=120)
+  assert done.returncode == 1, (done.stdout, done.stderr)
+  one_paragraph(done.stderr)
+  assert message in ' '.join(done.stderr.split()), done.stderr
+  assert len(done.stderr.splitlines()) <= 6, done.stderr
+
+
+def test_unreadable_checkpoints_directory_is_one_paragraph(reference, tmp_path, monkeypatch):
+  """Root reads any directory whatever its mode, so the denial is simulated: os.listdir and
+  os.scandir (what etils' listing under orbax calls) raise PermissionError for paths under this
+  run's checkpoints/, as they do for a user without the read permission."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  for name in ('listdir', 'scandir'):
+    real = getattr(os, name)
+    def denied(path='.', *a, _real=real, **k):
+      if os.fspath(path).startswith(ckpts):
+        raise PermissionError(errno.EACCES, 'Permission denied', os.fspath(path))
+      return _real(path, *a, **k)
+    monkeypatch.setattr(os, name, denied)
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    loop.run(config(), workdir)
+  message = str(e.value)
+  assert message.startswith(f'Cannot read the checkpoints directory {ckpts}: PermissionError: '
+                            'Permission denied') and '\n' not in message, message
+  monkeypatch.undo()
+  assert not os.path.exists(os.path.join(workdir, lock_lib.LOCK_FILE))   # released
+
+
+def test_tensorboard_writer_failure_is_one_note_not_tracebacks(tmp_path, capfd):
+  """tensorboardX's writer thread and its close fail with ENOSPC (simulated: its events writer
+  raises): one note, metrics.jsonl keeps every row, no traceback from the thread or the exit
+  hook (tensorboardX's atexit cleanup calls the event writer's close: called here)."""
+  from gated_attention.training import reporting  # pylint: disable=g-import-not-at-top
+  writer = reporting.MetricsWriter(str(tmp_path / 'run'))
+  events_file = writer.tb_events
+
+  def full(*_):
+    raise OSError(errno.ENOSPC, 'No space left on device')
+  events_file._ev_writer.write_event = full
+  events_file._ev_writer.flush = full
+  for step in range(1, 30):
+    writer.write(step, 'train', {'loss': 1.0 / step})
+    time.sleep(0.01)
+  writer.close()
+  events_file.close()                               # tensorboardX's exit hook
+  out, err = capfd.readouterr()
+  assert 'Traceback' not in err and 'Exception in thread' not in err, err
+  assert out.count('Note: TensorBoard events are off for the rest of this run') == 1, out
+  assert sorted(rows(str(tmp_path / 'run'))) == list(range(1, 30))
+
+
+# Small ones (issue 24) --------------------------------------------------------------------------
+
+@pytest.mark.parametrize('flags, message', [
+    pytest.param(['--config.train.log_every=0'], 'config.train.log_every=0 must be positive',
+                 id='bad_setting'),
+    pytest.param(['--config.data.source=text', '--config.data.path=/nonexistent/*.txt'],
+                 'data.path', id='missing_data'),
+])
+def test_a_failed_command_leaves_no_new_workdir(tmp_path, env, flags, message):
+  """A training command that fails before writing anything does not leave the --workdir it
+  created behind (it held logs/: main.py sends the libraries' logs there first)."""
+  workdir = str(tmp_path / 'new' / 'run')
+  done = run_main([sys.executable, 'main.py', f'--workdir={workdir}'] + flags, env, timeout=120)
+  assert done.returncode == 1, (done.stdout, done.stderr)
+  one_paragraph(done.stderr)
+  assert message in ' '.join(done.stderr.split()), done.stderr
+  assert not os.path.exists(workdir), os.listdir(workdir)
+
+
+def test_a_truncated_checkpoints_warning_has_no_pybind_repr(reference, tmp_path, capsys):
+  workdir = copy_run(reference.workdir, tmp_path)
+  _every_data_file(lambda p: os.truncate(p, os.path.getsize(p) // 2))(
+      os.path.join(workdir, 'checkpoints', '30'), None)
+  loop.run(config(), workdir)
+  warning = next(l for l in capsys.readouterr().out.splitlines()
+                 if l.startswith('Warning: checkpoint 30'))
+  assert 'bound method' not in warning and 'pybind11' not in warning, warning
+  assert 'See full TensorStore details' not in warning, warning
+
+
+def test_data_file_messages_name_the_problem(tmp_path):
+  import input_pipeline  # pylint: disable=g-import-not-at-top
+  from input_pipeline import sources  # pylint: disable=g-import-not-at-top
+  from configs import base  # pylint: disable=g-import-not-at-top,unused-import
+  latin = tmp_path / 'latin1.txt'
+  latin.write_bytes('caf\u00e9 cr\u00e8me br\u00fbl\u00e9e, '.encode('latin-1') * 50)
+  numbers = tmp_path / 'numbers.jsonl'
+  numbers.write_text('{"text": 17}\n{"text": 18}\n')
+  data = config().data
+  for source, path, want in (('text', latin, "as UTF-8 text ('utf-8' codec can't decode"),
+                             ('jsonl', numbers, "field 'text' holds a JSON number (17), not a "
+                                                'string')):
+    cfg = data.copy_and_resolve_references()
+    cfg.source, cfg.path = source, str(path)
+    with pytest.raises(sources.DataError) as e:
+      input_pipeline.sources.load_documents(cfg)
+    assert want in str(e.value) and 'only 1 document' not in str(e.value), str(e.value)
+
+
+# A save interrupted mid-write (issue 24) --------------------------------------------------------
+
+def test_sigterm_mid_save_finishes_the_save_and_resumes_bitwise(env, reference, tmp_path):
+  """Real: SIGTERM (a preemption notice) while checkpoint 20 is written: the loop stops at the
+  next step, waits for the save, saves the step it reached (calm) and exits 0; the same command
+  resumes and ends bitwise."""
+  workdir = str(tmp_path / 'run')
+  cmd = main_cmd(workdir)
+  with open(tmp_path / 'log', 'w') as out:
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+      saving, deadline = _saving(workdir, 20), time.time() + 300
+      while not saving():
+        assert proc.poll() is None and time.time() < deadline, (tmp_path / 'log').read_text()
+        time.sleep(0.002)
+      proc.send_signal(signal.SIGTERM)
+      proc.wait(timeout=120)
+    finally:
+      proc.kill()
+      proc.wait()
+  log = (tmp_path / 'log').read_text()
+  assert proc.returncode == 0, log
+  assert 'Interrupted (signal 15) at step' in log, log
+  saved = steps_of(workdir)
+  assert saved[:2] == [10, 20] and max(rows(workdir)) < STEPS, (saved, log)
+  done = run_main(cmd, env)
+  assert done.returncode == 0, done.stderr
+  assert f'resuming at step {saved[-1]}' in done.stdout
+  assert_like_reference(workdir, reference)
+
+
+def test_a_partially_written_save_is_ignored_and_the_one_before_resumes(reference, tmp_path,
+                                                                        capsys):
+  """Simulated: the save of 30 was cut off mid-write (a kill, a preemption past its grace
+  period): orbax's temporary directory holds part of its files and was never committed. The run
+  resumes from 20 with no warning and ends bitwise."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  tmp = os.path.join(ckpts, '30.orbax-checkpoint-tmp-1733100000000000')
+  os.rename(os.path.join(ckpts, '30'), tmp)
+  os.remove(os.path.join(tmp, '_CHECKPOINT_METADATA'))      # orbax writes it at the commit
+  for f in sorted(_files(os.path.join(tmp, 'state')))[::2]:  # and half the state's files
+    os.remove(os.path.join(tmp, 'state', f[0]))
+  assert steps_of(workdir) == [10, 20]
+  loop.run(config(), workdir)
+  out = capsys.readouterr().out
+  assert 'resuming at step 20' in out and 'unusable' not in out, out
+  assert_like_reference(workdir, reference)
+
+
+def test_analyze_and_export_fall_back_from_a_bad_latest_checkpoint(reference, tmp_path, capsys):
+  """--mode=analyze and --mode=export without a step: the newest checkpoint that verifies (a
+  warning for the damaged 30), nothing in the run directory's checkpoints changed."""
+  from gated_attention.modes import analyze  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  workdir = copy_run(reference.workdir, tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  _wrong_checksums(os.path.join(ckpts, '30'), None)
+  before = _files(ckpts)
+  analyze.run(workdir, config=config(), out_dir=str(tmp_path / 'analysis'))
+  with open(tmp_path / 'analysis' / 'report.json') as f:
+    assert json.load(f)['step'] == 20
+  exported = interop.export_run(workdir, str(tmp_path / 'hf'))
+  assert exported['step'] == 20
+  out = capsys.readouterr().out
+  assert out.count('Warning: checkpoint 30 in') == 2 and 'checksum mismatch' in out, out
+  assert _files(ckpts) == before

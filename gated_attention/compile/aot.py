@@ -42,6 +42,7 @@ import time
 
 from gated_attention.compile import hlo_cost
 from gated_attention.chips import ALIASES, CHIPS, TPU_CHIPS
+from gated_attention.errors import ConfigError, UserError
 
 # libtpu, loaded on a machine without TPUs, otherwise prints warnings about the missing TPU
 # metadata and takes /tmp/libtpu_lockfile (then fails while any other JAX process holds it).
@@ -77,15 +78,21 @@ def _prepare_libtpu():
 
 def parse_topology(topology: str) -> tuple[str, str]:
   """'v5p:4x4x4' -> ('v5p', 'v5p:4x4x4'); 'v5litepod:2x2' -> ('v5e', 'v5e:2x2')."""
-  if not topology or ':' not in topology:
-    raise ValueError(f'--topology={topology!r}: expected a TPU topology name such as v5p:4x4x4, '
-                     'v5e:4x4, v6e:2x2 or v4:2x2x2 (<generation>:<chip grid>).')
+  example = 'such as v5p:4x4x4, v5e:4x4, v6e:2x2 or v4:2x2x2 (<generation>:<chip grid>)'
+  if not topology:
+    raise ConfigError(f'--mode=compile needs --topology, a TPU topology name {example}.')
+  if ':' not in topology:
+    raise ConfigError(f'--topology={topology!r}: expected a TPU topology name {example}.')
   gen, shape = topology.split(':', 1)
   gen = ALIASES.get(gen.lower(), gen.lower())
   if gen not in TPU_CHIPS:
-    raise ValueError(f'--topology={topology!r}: unknown TPU generation {gen!r}; known: '
-                     f'{", ".join(TPU_CHIPS)} (aliases: {", ".join(ALIASES)}).')
-  return gen, f'{gen}:{shape}'
+    raise ConfigError(f'--topology={topology!r}: unknown TPU generation {gen!r}; known: '
+                      f'{", ".join(TPU_CHIPS)} (aliases: {", ".join(ALIASES)}).')
+  dims = shape.lower().split('x')
+  if not all(d.isdigit() and int(d) > 0 for d in dims):
+    raise ConfigError(f'--topology={topology!r}: the chip grid {shape!r} is not positive '
+                      f'integers joined by x; expected a TPU topology name {example}.')
+  return gen, f'{gen}:{shape.lower()}'
 
 
 def topology_devices(topology: str):
@@ -95,13 +102,14 @@ def topology_devices(topology: str):
   try:
     import libtpu  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   except ImportError as e:
-    raise RuntimeError('--mode=compile needs libtpu (compile-only, no TPU required): '
-                       'pip install -r requirements-tpu.txt') from e
+    raise UserError('--mode=compile needs libtpu (compile-only, no TPU required): '
+                    'pip install -r requirements-tpu.txt') from e
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   try:
     devices = topologies.get_topology_desc(topology_name=name, platform='tpu').devices
   except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f'libtpu does not know the topology {name!r}: {e}') from e
+    first = (str(e).strip().splitlines() or [''])[0][:300]
+    raise ConfigError(f'libtpu does not know the topology {name!r}: {first}') from e
   return gen, list(devices)
 
 

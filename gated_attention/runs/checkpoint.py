@@ -10,8 +10,13 @@ level outside that rotation (a divergence cannot rotate the good checkpoints awa
 
 Integrity: every save stores a checksum of each array (a position-weighted sum of its bits,
 exact and independent of the sharding) and refuses non-finite state; every restore recomputes
-and compares them. A newest step that is corrupt, partial or empty is set aside (renamed
-`<step>.unusable`, never deleted) with a warning, and the next older one is used.
+and compares them (a checkpoint without them, e.g. its _CHECKPOINT_METADATA deleted, is restored
+with a warning that it is unverified, its values still checked finite). Training: a newest step
+that is corrupt, partial or empty is set aside (renamed `<step>.unusable`, never deleted) with a
+warning, and the next older one is used. Parameters-only restores (analysis, sampling, export,
+long-context, init_from) verify the same way and never change the run directory: the latest
+that verifies, with a warning for each bad newer one, or a one-paragraph CheckpointError for a
+bad step asked for by number.
 
 A checkpoint without a `data` item is a warm start (an import): the loop restores its
 parameters alone and starts a fresh optimizer and data iterator.
@@ -70,6 +75,14 @@ def integrity(tree) -> tuple[dict[str, int], list[str]]:
   return sums, bad
 
 
+def _reason(e: Exception) -> str:
+  """'Type: the first line of the message', without orbax's pointer to a TensorStore spec dump
+  (whose first line is a `<bound method pybind11...>` repr), at most ~200 characters."""
+  first = (str(e).strip().splitlines() or [''])[0]
+  first = first.split(' See full TensorStore details', 1)[0].rstrip()
+  return f'{type(e).__name__}: {first if len(first) <= 200 else first[:200] + "..."}'
+
+
 def _dir_bytes(path: str) -> int:
   return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
@@ -94,7 +107,7 @@ class Checkpointer:
         policy.LatestN(keep),
         policy.BestN(get_metric_fn=level, reverse=True, n=1,
                      keep_checkpoints_without_metrics=True)])
-    with _quiet_orbax() if read_only else contextlib.nullcontext():
+    with _quiet_orbax() if read_only else contextlib.nullcontext(), self._readable():
       options = ocp.CheckpointManagerOptions(
           create=not read_only, read_only=read_only, enable_async_checkpointing=not read_only,
           preservation_policy=preserve, best_fn=level, best_mode='min',
@@ -104,12 +117,26 @@ class Checkpointer:
                                            item_names=('state', 'data'))
     self._sizes = {}
 
+  @contextlib.contextmanager
+  def _readable(self):
+    """A checkpoints directory that cannot be listed (permissions; etils raises from deep in
+    orbax) as one CheckpointError."""
+    try:
+      yield
+    except OSError as e:
+      raise CheckpointError(
+          f'Cannot read the checkpoints directory {self.directory}: {type(e).__name__}: '
+          f'{e.strerror or e}{f" ({e.filename})" if e.filename else ""}. Check its permissions '
+          '(and the user this runs as), or pass another --workdir.') from e
+
   def all_steps(self) -> list[int]:
     """Steps of the finished checkpoints (unfinished temporaries are not listed)."""
-    return sorted(self.manager.all_steps())
+    with self._readable():
+      return sorted(self.manager.all_steps())
 
   def latest_step(self) -> int | None:
-    return self.manager.latest_step()
+    with self._readable():
+      return self.manager.latest_step()
 
   def best_step(self, before: int | None = None) -> int | None:
     """The checkpoint with the lowest running loss level (the loop's, saved with it), among
@@ -196,32 +223,48 @@ class Checkpointer:
     with _quiet_orbax():
       self._save(step, {'params': params}, {}, None, None)
 
-  def _verify(self, step: int, state: dict):
-    want = self.manager.metadata(step).custom_metadata.get('checksums')
-    if want is None:
-      return  # written before checksums existed
+  def _checksums(self, step: int) -> dict | None:
+    """The checksums saved with checkpoint `step` (None without its _CHECKPOINT_METADATA or
+    with one written before checksums existed)."""
+    try:
+      custom = self.manager.metadata(step).custom_metadata
+    except Exception:  # pylint: disable=broad-except  # a missing or unreadable metadata file
+      return None
+    return (custom or {}).get('checksums')
+
+  def _verify(self, step: int, state: dict, warn=print):
+    """Finite values always; the checksums where the checkpoint has them (a warning that it is
+    unverified where it has none: deleted metadata, or written before checksums existed)."""
+    want = self._checksums(step)
     got, bad = integrity(state)
     if bad:
       raise CheckpointError(f'non-finite values in {bad[:3]}')
+    if want is None:
+      meta = os.path.join(self.directory, str(step), '_CHECKPOINT_METADATA')
+      why = ('its _CHECKPOINT_METADATA is missing' if not os.path.exists(meta)
+             else 'it has no checksums (written by older code?)')
+      warn(f'Warning: checkpoint {step} in {self.directory} is unverified: {why}, so its arrays '
+           'cannot be checked against the checksums taken when it was saved (its values are '
+           'finite).')
+      return
     wrong = [k for k in got if k in want and want[k] != got[k]]
     if wrong or not set(got) <= set(want):
       raise CheckpointError(f'checksum mismatch in {(wrong or sorted(set(got) - set(want)))[:3]}')
 
-  def _restore(self, step: int, abstract_state: dict, data_iter) -> Restored:
+  def _restore(self, step: int, abstract_state: dict, data_iter, warn=print) -> Restored:
     if not os.path.isdir(os.path.join(self.directory, str(step), 'state')):
       raise CheckpointError('empty or partial: it holds no state')
     if not self.has_data(step):
-      params = self.restore_params(step, abstract_state['params'])
-      self._verify(step, {'params': params})
+      params = self._read_params(step, abstract_state['params'])
+      self._verify(step, {'params': params}, warn)
       return Restored(step, {'params': params}, {}, warm=True)
     try:
       out = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state),
           data=grain.checkpoint.CheckpointRestore(data_iter)))
     except Exception as e:  # orbax and grain raise many types
-      first = (str(e).strip().splitlines() or [''])[0]
-      raise CheckpointError(f'{type(e).__name__}: {first[:200]}') from e
-    self._verify(step, out['state'])
+      raise CheckpointError(_reason(e)) from e
+    self._verify(step, out['state'], warn)
     loop = self.manager.metadata(step).custom_metadata.get('loop') or {}
     return Restored(step, out['state'], loop, warm=False)
 
@@ -259,7 +302,7 @@ class Checkpointer:
       self._check_processes(step)
       try:
         with console.without_event_loop_noise(), _quiet_orbax():
-          return self._restore(step, abstract_state, data_iter)
+          return self._restore(step, abstract_state, data_iter, warn)
       except CheckpointError as e:
         moved = self.set_aside(step)
         warn(f'Warning: checkpoint {step} is unusable ({e}); set aside as {moved} (not '
@@ -270,26 +313,61 @@ class Checkpointer:
     """Checkpoint `step` (verified), e.g. the best one, for a rollback."""
     return self._restore(step, abstract_state, data_iter)
 
-  def restore_params(self, step: int, abstract_params: dict) -> dict:
-    """The parameters of checkpoint `step` alone (the optimizer state is not read). A reader
-    of its own: orbax binds an item to the handler of its first use (a partial restore's
-    PyTree handler here, the standard one for saves)."""
+  def _read_params(self, step: int, abstract_params: dict) -> dict:
+    """The parameters of checkpoint `step` alone, unverified (the optimizer state is not read).
+    A reader of its own: orbax binds an item to the handler of its first use (a partial restore's
+    PyTree handler here, the standard one for saves). Errors: a CheckpointError of one line."""
+    if not os.path.isdir(os.path.join(self.directory, str(step), 'state')):
+      raise CheckpointError('empty or partial: it holds no state')
     item = {'params': abstract_params}
     with _quiet_orbax():
       options = ocp.CheckpointManagerOptions(read_only=True)
       reader = ocp.CheckpointManager(self.directory, options=options,
                                      item_names=('state', 'data'))
     try:
-      out = reader.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-          item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
-          partial_restore=True)))
-    except Exception as e:  # orbax raises many types; name the checkpoint and the likely cause
-      raise CheckpointError(
-          f'Could not restore the parameters of checkpoint {step} in {self.directory}: {e}\n'
-          'Is the saved config.json the one this checkpoint was trained with?') from e
+      with console.without_event_loop_noise(), _quiet_orbax():
+        out = reader.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+            partial_restore=True)))
+    except Exception as e:  # orbax raises many types (a TensorStore spec dump for a bad file)
+      shape = any(w in str(e).lower() for w in ('shape', 'structure', 'mismatch', 'keys'))
+      hint = ('; is the saved config.json the one it was trained with?' if shape
+              else '; its files are damaged or incomplete')
+      raise CheckpointError(f'{_reason(e)}{hint}') from e
     finally:
       reader.close()
     return out['state']['params']
+
+  def restore_params(self, step: int, abstract_params: dict, *, warn=print) -> dict:
+    """The parameters of checkpoint `step` alone, verified like a training restore (finite
+    values, the checksums saved with it). Read-only: nothing in the run directory is changed; a
+    bad checkpoint is a one-paragraph CheckpointError naming the intact-looking others."""
+    try:
+      params = self._read_params(step, abstract_params)
+      self._verify(step, {'params': params}, warn)
+      return params
+    except CheckpointError as e:
+      others = [s for s in self.all_steps() if s != step]
+      raise CheckpointError(
+          f'Checkpoint {step} in {self.directory} is unusable ({e}). Its files were left as they '
+          f'are. Other checkpoints: {others or "none"}; pick one (e.g. --step=N where the mode '
+          'takes it), or resume training in the run directory, which sets a bad newest checkpoint '
+          'aside and continues from the one before.') from None
+
+  def restore_latest_params(self, abstract_params: dict, *, warn=print) -> tuple[int, dict]:
+    """(step, parameters) of the newest checkpoint that verifies; a bad newer one is skipped
+    with a warning naming what was wrong (read-only: never set aside or changed)."""
+    steps = self.all_steps()
+    for step in reversed(steps):
+      try:
+        params = self._read_params(step, abstract_params)
+        self._verify(step, {'params': params}, warn)
+        return step, params
+      except CheckpointError as e:
+        warn(f'Warning: checkpoint {step} in {self.directory} is unusable ({e}); reading the one '
+             'before it (the run directory is left as it is).')
+    raise CheckpointError(f'No usable checkpoint in {self.directory}: checkpoints {steps} all '
+                          'failed verification (warnings above).')
 
   def close(self):
     try:

@@ -30,8 +30,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import input_pipeline
 from gated_attention import sharding
 from gated_attention.model import transformer as model_lib
-from gated_attention.model.config import ModelConfig
 from gated_attention.errors import CheckpointError
+from gated_attention.model.config import ModelConfig
 from gated_attention.runs import checkpoint
 
 # XLA:CPU options of the compiled train / eval / inspect steps on CPU meshes (none elsewhere).
@@ -150,18 +150,20 @@ class ModelFactory:
       return jax.jit(self.with_rules(init), out_shardings=self.param_shardings)(
           jax.random.key(seed))
 
-  def restore(self, workdir: str, step: int | None = None) -> tuple[int, dict]:
-    """(step, parameters) of checkpoint `step` of the run in `workdir` (default: the latest
-    that is intact), verified like training's restore (checksums, finite values), read-only."""
+  def restore(self, workdir: str, step: int | None = None, *, warn=print) -> tuple[int, dict]:
+    """(step, parameters) of checkpoint `step` of the run in `workdir`, verified like
+    training's restore (finite values, the saved checksums), read-only: nothing in the run
+    directory changes. Without `step`, the newest checkpoint that verifies (a bad newer one is
+    skipped with a warning through `warn`)."""
     ckpt = checkpoint.Checkpointer(workdir, read_only=True)
     try:
+      if step is None:
+        return ckpt.restore_latest_params(self.abstract_params, warn=warn)
       steps = ckpt.all_steps()
-      if not steps or (step is not None and step not in steps):
-        raise CheckpointError(f'{workdir!r} has no finished checkpoint'
-                              f'{"" if step is None else f" at step {step}"} under '
-                              f'{checkpoint.CHECKPOINTS_DIR}/ (it has {steps or "none"}).')
-      step = steps[-1] if step is None else step
-      return step, ckpt.restore_params(step, self.abstract_params)
+      if step not in steps:
+        raise CheckpointError(f'{workdir!r} has no checkpoint at step {step}; it has '
+                              f'{steps or "none"}.')
+      return step, ckpt.restore_params(step, self.abstract_params, warn=warn)
     finally:
       ckpt.close()
 

@@ -7,7 +7,10 @@ One step: the next batch of the data iterator, already on the devices (prefetch.
 changes nothing) -> its loss and finiteness are queued on the device and, at every log, eval or
 save point, fed to the stability guard (stability.py: skipped steps, loss spikes, divergence,
 each logged to metrics.jsonl) -> every `log_every` steps the metrics, every `eval_every` steps
-evaluate.evaluate, and orbax's cadence for checkpoints (only while the guard is calm).
+evaluate.evaluate, and orbax's cadence for checkpoints (only while the guard is calm, the last
+step included: a run that ends spiking keeps its last calm checkpoint and says so).
+One trainer per run directory: the lock file RUN/trainer.lock (runs/lock.py) is taken before
+anything is written and released at the end; its heartbeat is a background thread's.
 On a failure (too many non-finite steps in a row, or a divergence) the run halts or rolls back
 to the best checkpoint with a lower learning rate. SIGTERM / Ctrl-C save a checkpoint and stop.
 The time the loop waits for a batch is logged as `data_wait`: its fraction of the wall time since
@@ -23,6 +26,7 @@ import jax
 
 import input_pipeline
 from gated_attention.runs import checkpoint as ckpt_lib
+from gated_attention.runs import lock as lock_lib
 from gated_attention.runs import rundir as workdir_lib
 from gated_attention.training import evaluate as eval_lib
 from gated_attention.model import transformer as model_lib
@@ -84,6 +88,7 @@ class _Run:
   checkpointer: ckpt_lib.Checkpointer
   writer: MetricsWriter
   guard: stability.Guard
+  lock: lock_lib.RunLock | None = None
   progress: Progress | None = None
   step: int = 0
   params: object = None
@@ -97,7 +102,13 @@ class _Run:
     return {'params': self.setup.abstract_params, 'opt_state': self.setup.abstract_opt}
 
   def save(self):
-    level = self.guard.level
+    if self.lock is not None:
+      self.lock.check()                            # another trainer took the run over
+    # The running level ranks the checkpoint for the best-checkpoint rule only while the guard is
+    # calm: spike steps do not move the level, so a state taken mid-blow-up would carry the level
+    # of the good steps before it (the loop saves only when calm; this keeps the ranking honest
+    # whatever calls it).
+    level = self.guard.level if self.guard.calm else None
     self.checkpointer.save(
         self.step, {'params': self.params, 'opt_state': self.opt_state}, self.data.train_iter,
         metrics={'loss_level': 1e30 if level is None else float(level)},
@@ -128,14 +139,9 @@ def _build_data(config):
 
 def _init_from(run: _Run, source: str):
   """A fresh run starting from another run's latest parameters (train.init_from)."""
-  other = ckpt_lib.Checkpointer(source, read_only=True)
-  try:
-    step = other.latest_step()
-    if step is None:
-      raise CheckpointError(f'--config.train.init_from={source}: no checkpoint there.')
-    run.params = other.restore_params(step, run.setup.abstract_params)
-  finally:
-    other.close()
+  if not workdir_lib.checkpoint_steps(source):
+    raise CheckpointError(f'--config.train.init_from={source}: no checkpoint there.')
+  step, run.params = run.setup.restore(source, warn=_say)    # the factory's verified restore
   run.opt_state = run.setup.init_opt_state(run.params)
   _say(f'Initialised from {source} (step {step}): parameters only, fresh optimizer and data.')
 
@@ -151,6 +157,18 @@ def _start(config, workdir: str) -> _Run:
   tc = config.train
   check_loop_config(config)
   workdir_lib.check_workdir(workdir)
+  lock = lock_lib.RunLock(workdir)
+  lock.acquire(warn=_say)                          # one trainer per run, before any write
+  try:
+    return _start_locked(config, workdir, lock)
+  except BaseException:
+    lock.release()
+    raise
+
+
+def _start_locked(config, workdir: str, lock: lock_lib.RunLock) -> _Run:
+  """_start's work once this trainer holds the run directory's lock."""
+  tc = config.train
   data = _build_data(config)
   setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
   data.train_iter = prefetch.DevicePrefetch(data.train_iter, setup.global_batch,
@@ -161,7 +179,7 @@ def _start(config, workdir: str) -> _Run:
   workdir_lib.check_or_write_config(
       workdir, config, resuming_data=latest is not None and checkpointer.has_data(latest))
   run = _Run(config, workdir, data, setup, checkpointer, MetricsWriter(workdir),
-             stability.Guard(tc, config.model.vocab_size))
+             stability.Guard(tc, config.model.vocab_size), lock=lock)
   restored = checkpointer.restore_latest(run.abstract_state, data.train_iter, warn=_say)
   if restored is not None:
     run.adopt(restored)
@@ -278,6 +296,20 @@ def _describe(run: _Run) -> str:
           f'data: {json.dumps(run.data.describe())}')
 
 
+def _say_not_saved(run: _Run):
+  """The last step is not saved when the loss is not calm (a spike or a skipped step within
+  spike_window steps): the run ends with its last calm checkpoint."""
+  since = run.guard.since_trouble
+  latest = run.checkpointer.latest_step()
+  kept = (f'the run ends with its last calm checkpoint, step {latest}' if latest is not None
+          else 'no checkpoint was saved in this run')
+  run.progress.write(
+      f'step {run.step}: not saved: the loss is not calm (the last spike or skipped step was '
+      f'{since} step(s) ago, fewer than spike_window={run.config.train.spike_window}); {kept} '
+      f'(in {run.checkpointer.directory}). metrics.jsonl has the spikes; lower '
+      '--config.train.learning_rate (or raise warmup_steps / grad_clip) and resume.')
+
+
 def _train(run: _Run, interrupt: _Interrupt) -> dict:
   """Steps until the end or a signal; returns the last validation row."""
   tc, setup = run.config.train, run.setup
@@ -306,9 +338,11 @@ def _train(run: _Run, interrupt: _Interrupt) -> dict:
       if due[1]:
         val = _evaluate_and_log(run)
         throughput.reset()
-      if due[2] and (run.guard.calm or last):
+      if due[2] and run.guard.calm:                # never a state taken while spiking
         run.save()
         last_saved = run.step
+      elif due[2] and last:
+        _say_not_saved(run)
     if interrupt.signal is not None:
       if last_saved != run.step and _check_pending(run) is None and run.guard.calm:
         run.save()
@@ -330,4 +364,5 @@ def run(config, workdir: str) -> dict:
     state.checkpointer.close()
     state.progress.close()
     state.writer.close()
+    state.lock.release()
   return val or {}

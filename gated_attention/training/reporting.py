@@ -5,6 +5,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 
 import jax
@@ -14,10 +15,32 @@ from gated_attention import chips
 from gated_attention.model import transformer as model_lib
 
 
+_HOOKED = []
+
+
+def _quiet_tensorboard_thread():
+  """tensorboardX writes events in a thread of its own: on a full disk its OSError was a traceback
+  on the console (and another from its exit hook), after the run's own one-paragraph error. A
+  thread tagged by MetricsWriter that fails with an OSError sets its writer's flag instead."""
+  if _HOOKED:
+    return
+  previous = threading.excepthook
+
+  def hook(args):
+    failed = getattr(args.thread, '_metrics_writer_failed', None)
+    if failed is not None and issubclass(args.exc_type, OSError):
+      failed.set()
+      return
+    previous(args)
+  threading.excepthook = hook
+  _HOOKED.append(hook)
+
+
 class MetricsWriter:
   """metrics.jsonl (one JSON object per line, with "step" and "split") and TensorBoard events.
 
-  Only process 0 writes.
+  Only process 0 writes. TensorBoard output is optional: if writing it fails (a full disk), it is
+  turned off for the rest of the run with one note; metrics.jsonl keeps every row.
   """
 
   def __init__(self, workdir: str):
@@ -26,11 +49,38 @@ class MetricsWriter:
       return
     os.makedirs(workdir, exist_ok=True)
     self.jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+    self.tb_failed = threading.Event()
     try:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
     except ImportError:  # TensorBoard output is optional
       self.tb = None
+    except OSError as e:
+      self.tb = None
+      self._note(e)
+    self.tb_events = None       # tensorboardX's EventFileWriter (its thread, its close)
+    if self.tb is not None:
+      _quiet_tensorboard_thread()
+      try:
+        self.tb_events = self.tb._get_file_writer().event_writer  # pylint: disable=protected-access
+        self.tb_events._worker._metrics_writer_failed = self.tb_failed  # pylint: disable=protected-access
+      except AttributeError:    # another tensorboardX: its thread's errors are its own
+        pass
+      except OSError as e:
+        self._tb_off(e)
+
+  def _note(self, e):
+    print(f'Note: TensorBoard events are off for the rest of this run (writing them failed: '
+          f'{type(e).__name__}: {e}); metrics.jsonl has every row.', flush=True)
+
+  def _tb_off(self, e):
+    """No more TensorBoard events: tensorboardX's own close (and its exit hook) would raise
+    again, and its queue blocks once its thread is gone."""
+    if self.tb is not None:
+      if self.tb_events is not None:
+        self.tb_events._closed = True  # pylint: disable=protected-access
+      self.tb = None
+      self._note(e)
 
   def write(self, step: int, split: str, metrics: dict):
     if not self.enabled:
@@ -39,17 +89,27 @@ class MetricsWriter:
     row.update({k: _jsonable(v) for k, v in metrics.items()})
     self.jsonl.write(json.dumps(row) + '\n')
     self.jsonl.flush()
+    if self.tb is not None and self.tb_failed.is_set():
+      self._tb_off(OSError('its writer thread failed'))
     if self.tb is not None:
-      for k, v in row.items():
-        if isinstance(v, (int, float)) and k != 'step':
-          self.tb.add_scalar(f'{split}/{k}', v, step)
-      self.tb.flush()
+      try:
+        for k, v in row.items():
+          if isinstance(v, (int, float)) and k != 'step':
+            self.tb.add_scalar(f'{split}/{k}', v, step)
+        self.tb.flush()
+      except OSError as e:
+        self._tb_off(e)
 
   def close(self):
     if self.enabled:
       self.jsonl.close()
+      if self.tb is not None and self.tb_failed.is_set():
+        self._tb_off(OSError('its writer thread failed'))
       if self.tb is not None:
-        self.tb.close()
+        try:
+          self.tb.close()
+        except OSError as e:
+          self._tb_off(e)
 
 
 def _jsonable(v):

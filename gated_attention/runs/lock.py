@@ -1,0 +1,239 @@
+"""One trainer per run directory: the lock file RUN/trainer.lock.
+
+    lock = RunLock(workdir)
+    lock.acquire(warn=print)     # a CheckpointError naming the holder if another trainer has it
+    ...
+    lock.release()
+
+The file names its holder (host, pid, the process's start time, the machine's boot id, when it
+started) and a heartbeat: a timestamp a background thread refreshes every `heartbeat_s` seconds
+(nothing on the training step's path). A second trainer is refused with the holder's name. A
+holder that is gone never blocks the next run:
+
+  same host   its pid is not running, or runs another process (another start time, or another
+              boot): gone, whatever the heartbeat says (a kill -9, a reboot)
+  other host  its heartbeat is older than `stale_s` seconds (a lost node)
+
+and the lock is taken over with a warning naming the old holder. A holder that finds its lock
+taken over (it was thought lost: a network partition) stops refreshing it and reports `lost`;
+the loop refuses to save after that. Multi-host runs take the lock on process 0 only. Readers
+(analysis, sampling, export, long-context evaluation) never take it: they open checkpoints
+read-only and write nothing there.
+"""
+
+import json
+import os
+import socket
+import threading
+import time
+
+import jax
+
+from gated_attention.errors import CheckpointError
+
+LOCK_FILE = 'trainer.lock'
+HEARTBEAT_S = 30.0
+STALE_S = 300.0
+
+
+def _boot_id() -> str | None:
+  try:
+    with open('/proc/sys/kernel/random/boot_id') as f:
+      return f.read().strip()
+  except OSError:
+    return None
+
+
+def _process_start(pid: int) -> str | None:
+  """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22), which tells
+  a reused pid from the holder; None where /proc is not there."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[19]
+  except (OSError, IndexError):
+    return None
+
+
+def _running(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:       # another user's process
+    return True
+  return True
+
+
+def _when(t) -> str:
+  return time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t)) if t else '?'
+
+
+def describe(holder: dict) -> str:
+  """'host H, pid P, started T (heartbeat N s ago)'."""
+  beat = holder.get('heartbeat')
+  age = f'; heartbeat {time.time() - beat:.0f} s ago' if isinstance(beat, (int, float)) else ''
+  return (f'host {holder.get("host", "?")}, pid {holder.get("pid", "?")}, started '
+          f'{_when(holder.get("started"))}{age}')
+
+
+class RunLock:
+  """The trainer's lock on one run directory (a no-op on processes other than 0)."""
+
+  def __init__(self, workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
+               stale_s: float = STALE_S):
+    self.workdir = os.path.abspath(workdir)
+    self.path = os.path.join(self.workdir, LOCK_FILE)
+    self.heartbeat_s, self.stale_s = heartbeat_s, stale_s
+    self.held = False
+    self.lost = None            # why the lock is no longer ours (set by the heartbeat thread)
+    self._mine = None
+    self._stop = threading.Event()
+    self._thread = None
+
+  # -- the file ---------------------------------------------------------------------------------
+
+  def read(self) -> dict | None:
+    """The holder recorded in the lock file; None if there is none; {} if unreadable."""
+    try:
+      with open(self.path) as f:
+        holder = json.load(f)
+      return holder if isinstance(holder, dict) else {}
+    except FileNotFoundError:
+      return None
+    except (OSError, ValueError):
+      return {}
+
+  def _write_new(self, holder: dict) -> bool:
+    """Creates the lock file holding `holder`; False if one exists."""
+    try:
+      fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, 'w') as f:
+      json.dump(holder, f)
+    return True
+
+  def stale(self, holder: dict) -> str | None:
+    """Why `holder` is gone, or None while it may still be training."""
+    if not holder:              # unreadable, or being written this instant: by its age alone
+      try:
+        age = time.time() - os.path.getmtime(self.path)
+      except OSError:
+        return 'the lock file is gone'
+      return f'an unreadable lock file {age:.0f} s old' if age > self.stale_s else None
+    if holder.get('host') == socket.gethostname():
+      pid = holder.get('pid')
+      if holder.get('boot_id') and _boot_id() and holder['boot_id'] != _boot_id():
+        return 'its host has rebooted since'
+      if not isinstance(pid, int) or not _running(pid):
+        return f'process {pid} is not running'
+      start = _process_start(pid)
+      if holder.get('process_start') and start and start != holder['process_start']:
+        return f'pid {pid} is now another process'
+      return None
+    beat = holder.get('heartbeat')
+    if not isinstance(beat, (int, float)):
+      return 'it has no heartbeat'
+    if time.time() - beat > self.stale_s:
+      return (f'its heartbeat is {time.time() - beat:.0f} s old (more than {self.stale_s:.0f} s: '
+              'a lost node)')
+    return None
+
+  # -- acquire, heartbeat, release --------------------------------------------------------------
+
+  def acquire(self, warn=print):
+    """Takes the lock (process 0), or raises a CheckpointError naming the trainer holding it."""
+    if jax.process_index() != 0:
+      return
+    os.makedirs(self.workdir, exist_ok=True)
+    now = time.time()
+    mine = dict(host=socket.gethostname(), pid=os.getpid(), started=now, heartbeat=now,
+                process_start=_process_start(os.getpid()), boot_id=_boot_id())
+    for _ in range(5):
+      if self._write_new(mine):
+        self._mine, self.held = mine, True
+        self._thread = threading.Thread(target=self._beat, name='run-lock-heartbeat', daemon=True)
+        self._thread.start()
+        return
+      holder = self.read()
+      if holder is None:
+        continue                # released meanwhile
+      why = self.stale(holder)
+      if why is None:
+        raise CheckpointError(
+            f'--workdir={self.workdir} is in use by another trainer ({describe(holder)}; lock '
+            f'file {self.path}). A run directory takes one trainer at a time: wait for that one '
+            'to finish, stop it, or pass another --workdir. If it is gone (a lost node), its lock '
+            f'is taken over once its heartbeat is more than {self.stale_s:.0f} s old; deleting '
+            'the lock file does it now. (Evaluation modes read a run without the lock.)')
+      if self._take_over(holder):
+        warn(f'Warning: taking over the lock of {self.workdir} from a trainer that is gone '
+             f'({describe(holder)}: {why}).')
+    raise CheckpointError(f'Could not take the lock file {self.path}: other trainers keep '
+                          'taking it; make sure only one trainer runs in this directory.')
+
+  def _take_over(self, holder: dict) -> bool:
+    """Moves a stale lock file out of the way, unless it changed meanwhile (another trainer
+    took it over first)."""
+    aside = f'{self.path}.stale.{os.getpid()}'
+    try:
+      os.rename(self.path, aside)
+    except FileNotFoundError:
+      return False
+    try:
+      with open(aside) as f:
+        moved = json.load(f)
+    except (OSError, ValueError):
+      moved = {}
+    if moved != holder and moved:  # a fresh lock of another trainer: put it back
+      try:
+        os.link(aside, self.path)
+      except FileExistsError:
+        pass
+    os.remove(aside)
+    return moved == holder or not moved
+
+  def _beat(self):
+    while not self._stop.wait(self.heartbeat_s):
+      self.refresh()
+
+  def refresh(self):
+    """Rewrites the heartbeat (the background thread; never the training step)."""
+    if not self.held or self.lost:
+      return
+    holder = self.read()
+    if holder == {}:            # being written this instant (or unreadable): the next beat sees
+      return
+    if holder != self._mine:
+      self.lost = (f'the lock file {self.path} now names {describe(holder)}' if holder
+                   else f'the lock file {self.path} was removed')
+      return
+    mine = dict(self._mine, heartbeat=time.time())
+    tmp = f'{self.path}.{os.getpid()}.tmp'
+    try:
+      with open(tmp, 'w') as f:
+        json.dump(mine, f)
+      os.replace(tmp, self.path)
+      self._mine = mine
+    except OSError:             # a full disk: the next beat tries again
+      pass
+
+  def check(self):
+    """Raises a CheckpointError if another trainer took the lock over (before a save)."""
+    if self.lost:
+      raise CheckpointError(
+          f'This trainer lost the lock of {self.workdir}: {self.lost}. Another trainer took the '
+          'run over (this one was thought gone: its heartbeat stopped); stopping without saving.')
+
+  def release(self):
+    """Removes the lock file if it is still ours."""
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+    if self.held and not self.lost and self.read() == self._mine:
+      try:
+        os.remove(self.path)
+      except OSError:
+        pass
+    self.held = False
