@@ -154,7 +154,6 @@ def _say(text: str):
 def _start(config, workdir: str) -> _Run:
   """Data, mesh, compiled steps; the state from scratch, a warm start, or the latest intact
   checkpoint."""
-  tc = config.train
   check_loop_config(config)
   workdir_lib.check_workdir(workdir)
   lock = lock_lib.RunLock(workdir)
