@@ -1,0 +1,196 @@
+"""The command line of main.py and of the `gated-attention` console command (pyproject.toml).
+
+Flags, one-paragraph errors, and the dispatch from the mode table (modes/__init__.py): the
+command line is parsed once into `modes.Args`, then `MODES[--mode].load().main(args)`. The
+config files are found relative to the working directory first, then to the project's own
+`configs/`, so `gated-attention --config=configs/baseline.py` works from anywhere once the
+package is installed (`pip install .`).
+"""
+
+import os
+import sys
+import textwrap
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+import configs
+from gated_attention import modes
+from gated_attention.errors import UserError
+
+
+def _fail(message: str):
+  print('\n'.join(textwrap.fill(line, 100) for line in message.splitlines()), file=sys.stderr)
+  print('(--verbosity=1 or GATED_ATTENTION_TRACEBACK=1 shows the traceback.)', file=sys.stderr)
+  sys.exit(1)
+
+
+def _bad_override(e: Exception):
+  if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+    raise e
+  given = [a for a in sys.argv[1:] if a.startswith('--config.')]
+  _fail(f'Error in a --config override ({", ".join(given)}): {type(e).__name__}: {e}. Overrides '
+        'must name fields of the config (configs/base.py lists them) and give values of their '
+        'type.')
+
+
+# configs/ of this installation: --config=configs/<variant>.py is found here when the working
+# directory has no such file (the console command run outside the repository).
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(configs.__file__)))
+DEFAULT_CONFIG = 'configs/g1_elementwise.py'
+
+
+def resolve_config_path(value: str) -> str:
+  """`--config`'s file (before the ':' of its argument) relative to the working directory if it
+  is there, else to the project's root, where configs/ is."""
+  path, sep, arg = value.partition(':')
+  if path and not os.path.isabs(path) and not os.path.exists(path):
+    candidate = os.path.join(PROJECT_ROOT, path)
+    if os.path.exists(candidate):
+      return candidate + sep + arg
+  return value
+
+
+try:  # the override flags (--config.x.y=...) are typed against the default config right here
+  config_flags.DEFINE_config_file('config', resolve_config_path(DEFAULT_CONFIG),
+                                  'A config file, with the scale after a colon: '
+                                  'configs/<variant>.py:<scale>.', lock_config=True)
+except (AttributeError, KeyError, TypeError, ValueError) as error:
+  _bad_override(error)
+flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, metrics, analysis.')
+flags.DEFINE_enum('mode', 'train', list(modes.MODES),
+                  'What to do: ' + '; '.join(f'{m.name}: {m.help}' for m in modes.MODES.values()))
+flags.DEFINE_string('topology', None, '--mode=compile: a TPU topology name, e.g. v5p:4x4x4.')
+flags.DEFINE_string('out', None, '--mode=compare: output directory (default: compare/); '
+                    '--mode=export: the Hugging Face directory to write.')
+flags.DEFINE_string('hf', None, '--mode=import: a local Hugging Face model directory.')
+flags.DEFINE_enum('export_dtype', 'float32', ['float32', 'bfloat16'],
+                  '--mode=export: the dtype of the written weights.')
+flags.DEFINE_string('remote_code_dir', None, '--mode=export of a G1 gate: a directory holding the '
+                    "authors' modeling_qwen3.py / configuration_qwen3.py to copy beside it.")
+flags.DEFINE_multi_string('prompt', [], '--mode=sample: a prompt (repeat for a batch).')
+flags.DEFINE_integer('max_new_tokens', 128, '--mode=sample: tokens to generate per prompt.')
+flags.DEFINE_float('temperature', 0.0, '--mode=sample: 0 is greedy; above 0 samples.')
+flags.DEFINE_float('top_p', 1.0, '--mode=sample: nucleus sampling keeps this probability mass.')
+flags.DEFINE_integer('sample_seed', 0, '--mode=sample: the seed of the samples.')
+flags.DEFINE_integer('step', None, '--mode=sample / export: the checkpoint step (default: the '
+                     'latest).')
+FLAGS = flags.FLAGS
+
+
+def _parse_flags(argv):
+  """absl's parsing, with a bad config file or override as one message, not a traceback."""
+  try:
+    argv = FLAGS(argv)
+    FLAGS.config.get('model')  # a config file that failed to load raises here
+    return argv
+  except OSError as e:
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    _fail(f'Error in the command line: --config: {e}')
+  except SyntaxError as e:  # the config file does not parse (IndentationError too)
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    text = f': {e.text.strip()}' if e.text else ''
+    _fail(f'Error in the command line: --config: {e.filename} does not parse: {e.msg} at line '
+          f'{e.lineno}{text}')
+  except (ImportError, NameError) as e:  # the config file imports or names what is not there
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    _fail(f'Error in the command line: --config: loading the config file raised '
+          f'{type(e).__name__}: {e}')
+  except flags.Error as e:  # the config file raised (ml_collections puts its traceback inside)
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    last = [l.strip() for l in str(e).splitlines() if l.strip()]
+    _fail(f'Error in the command line: {last[0]}\n{last[-1]}' if len(last) > 1 else
+          f'Error in the command line: {e}')
+  except (AttributeError, KeyError, TypeError, ValueError) as e:  # --config.<unknown field>
+    _bad_override(e)
+
+
+def main(argv):
+  if not FLAGS['verbosity'].present:  # orbax logs every save at INFO; -v 0 shows it again
+    logging.set_verbosity(logging.WARNING)
+  from gated_attention import console  # pylint: disable=g-import-not-at-top
+  try:
+    with console.without_event_loop_noise():
+      dispatch(_args(argv[1:]))
+  except UserError as e:  # a setting, file or run directory that cannot work: one paragraph
+    if FLAGS.verbosity >= 1 or os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    _fail(f'Error ({type(e).__name__}): {e}')
+
+
+def _libraries_log_to(log_dir: str):
+  """The libraries' own log records (orbax's warnings, an asynchronous save's error logs with
+  their tracebacks) go to files in `log_dir`, not the console: the console keeps the progress and
+  our one-paragraph errors. --verbosity=... keeps everything on the console."""
+  import atexit  # pylint: disable=g-import-not-at-top
+  import logging as std_logging  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  workdir = os.path.dirname(os.path.abspath(log_dir))
+  created = not os.path.exists(workdir)
+  try:
+    os.makedirs(log_dir, exist_ok=True)
+  except OSError:
+    return  # an unwritable workdir: the run refuses it with a clear message of its own
+
+  def remove_if_unused():
+    """A workdir this command created and then wrote nothing else into (it failed first: a bad
+    setting, missing data) is not left behind holding only logs/."""
+    try:
+      if os.listdir(workdir) == [os.path.basename(log_dir)]:
+        logging.get_absl_handler().flush()
+        shutil.rmtree(workdir, ignore_errors=True)
+    except OSError:
+      pass
+  if created:
+    atexit.register(remove_if_unused)
+  logging.get_absl_handler().use_absl_log_file('main', log_dir)
+  std_logging.raiseExceptions = False  # a full disk: no "--- Logging error ---" on the console
+
+
+def _args(rest) -> modes.Args:
+  """The command line, parsed once, as the modes' explicit arguments."""
+  flag = FLAGS['config']
+  return modes.Args(
+      config=FLAGS.config, config_given=bool(flag.present),
+      overrides=dict(getattr(flag, 'override_values', None) or {}), workdir=FLAGS.workdir,
+      runs=tuple(rest), topology=FLAGS.topology, out=FLAGS.out, hf=FLAGS.hf,
+      export_dtype=FLAGS.export_dtype, remote_code_dir=FLAGS.remote_code_dir,
+      prompts=tuple(FLAGS.prompt), max_new_tokens=FLAGS.max_new_tokens,
+      temperature=FLAGS.temperature, top_p=FLAGS.top_p, sample_seed=FLAGS.sample_seed,
+      step=FLAGS.step)
+
+
+def dispatch(args: modes.Args):
+  """Runs the mode of --mode (modes.MODES, one module each)."""
+  mode = modes.MODES[FLAGS.mode]
+  if args.runs and not mode.takes_runs:
+    sys.exit(f'Unexpected arguments {list(args.runs)}; only --mode=compare takes run '
+             'directories.')
+  if mode.needs_workdir and not args.workdir:
+    sys.exit(f'--workdir is required for --mode={mode.name} (for example --workdir=runs/g1).')
+  if mode.distributed:
+    from gated_attention import distributed  # pylint: disable=g-import-not-at-top
+    distributed.initialize(args.config.distributed)
+  if mode.name == 'train' and not FLAGS['verbosity'].present:
+    _libraries_log_to(os.path.join(args.workdir, 'logs'))
+  mode.load().main(args)
+
+
+def _resolved_argv(argv: list[str]) -> list[str]:
+  """argv with --config=FILE[:ARG] found by resolve_config_path."""
+  out = []
+  for a in argv:
+    if a.startswith('--config='):
+      a = '--config=' + resolve_config_path(a[len('--config='):])
+    out.append(a)
+  return out
+
+
+def run():
+  """The entry point: `python main.py ...` and the `gated-attention` console command."""
+  sys.argv = _resolved_argv(sys.argv)
+  app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,71 @@
+"""pyproject.toml: the wheel holds the packages and the console command, and the installed
+command does what `python main.py` does, from outside the repository."""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ('gated_attention', 'input_pipeline', 'configs')
+
+
+@pytest.fixture(scope='module')
+def installed(tmp_path_factory):
+  """(wheel path, --target directory it is installed into)."""
+  root = tmp_path_factory.mktemp('packaging')
+  src = root / 'src'             # a copy: setuptools builds in the source tree (build/, egg-info)
+  for name in ('pyproject.toml', 'README.md', 'requirements.txt'):
+    os.makedirs(src, exist_ok=True)
+    shutil.copy(os.path.join(ROOT, name), src / name)
+  for package in PACKAGES:
+    shutil.copytree(os.path.join(ROOT, package), src / package,
+                    ignore=shutil.ignore_patterns('__pycache__'))
+  pip = [sys.executable, '-m', 'pip', '-q', '--disable-pip-version-check']
+  subprocess.run(pip + ['wheel', '--no-deps', '--no-build-isolation', str(src), '-w', str(root)],
+                 check=True, capture_output=True, timeout=600)
+  wheel, = glob.glob(str(root / '*.whl'))
+  target = root / 'site'
+  subprocess.run(pip + ['install', '--no-deps', '--target', str(target), wheel], check=True,
+                 capture_output=True, timeout=600)
+  return wheel, target
+
+
+def test_the_wheel_holds_every_module_and_the_command(installed):
+  wheel, _ = installed
+  names = set(zipfile.ZipFile(wheel).namelist())
+  for package in PACKAGES:
+    for d, _, files in os.walk(os.path.join(ROOT, package)):
+      for f in files:
+        if f.endswith('.py'):
+          rel = os.path.relpath(os.path.join(d, f), ROOT).replace(os.sep, '/')
+          assert rel in names, f'{rel} is not in {os.path.basename(wheel)}'
+  assert not any(n.startswith(('tests/', 'benchmarks/', 'experiments/')) for n in names)
+  entry, = (n for n in names if n.endswith('entry_points.txt'))
+  text = zipfile.ZipFile(wheel).read(entry).decode()
+  assert 'gated-attention = gated_attention.cli:run' in text
+
+
+def test_the_installed_command_is_main_py(installed, tmp_path):
+  """`gated-attention --mode=params` from a directory without configs/ prints what `python
+  main.py --mode=params` prints in the repository, default config and a named one alike; the
+  installed copy is the one imported."""
+  _, target = installed
+  env = dict(os.environ, PYTHONPATH=str(target))
+  command = str(target / 'bin' / 'gated-attention')
+  where = subprocess.run([sys.executable, '-c',
+                          'import gated_attention; print(gated_attention.__file__)'],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+  assert where.stdout.startswith(str(target)), where.stdout
+  for flags in ([], ['--config=configs/baseline.py:moe_tiny']):
+    got = subprocess.run([sys.executable, command, '--mode=params'] + flags, env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    want = subprocess.run([sys.executable, 'main.py', '--mode=params'] + flags, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(got.stdout) == json.loads(want.stdout)
