@@ -30,9 +30,8 @@ from gated_attention.runs.factory import ModelFactory
 from gated_attention.training import evaluate
 
 
-def _config(workdir, config, overrides, opts):
-  """The analysis config: the saved one with the evaluation overrides and the options."""
-  saved = rundir.read_config(workdir)
+def _config(saved, config, overrides, opts):
+  """The analysis config: the `saved` one with the evaluation overrides and the options."""
   if config is not None:
     diffs = rundir.config_differences(saved.to_dict(), json.loads(config.to_json()))
     if diffs:
@@ -68,14 +67,14 @@ def run(workdir: str, *, config=None, overrides: dict | None = None,
   """
   t0 = time.time()
   overrides = dict(overrides or {})
-  rundir.read_config(workdir)  # a missing or unreadable run directory first
+  saved = rundir.read_config(workdir)  # a missing or unreadable run directory first
   if not rundir.checkpoint_steps(workdir):
     raise analyze.AnalysisError(
         f'{workdir!r} has no finished checkpoint under checkpoints/: nothing to analyse. Train '
         'first (checkpoints are written every config.train.checkpoint_every steps and at the '
         'end).')
   opts = analyze.options(config, overrides, options)
-  cfg = _config(workdir, config, overrides, opts)
+  cfg = _config(saved, config, overrides, opts)
   data = input_pipeline.build_data(
       cfg.data, global_batch_size=cfg.train.batch_size, seed=cfg.seed,
       process_index=jax.process_index(), process_count=jax.process_count())

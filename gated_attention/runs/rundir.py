@@ -275,24 +275,20 @@ def evaluation_config(saved, overrides: dict) -> ml_collections.ConfigDict:
   """The saved config with `overrides` ({'data.val_batches': 8, ...}) applied, for evaluating
   its checkpoints (analysis, sampling, long context). Overrides of what the checkpoint fixes
   must equal the saved values (every one that differs is listed), except a tokenizer where the
-  run saved none: an import of a directory without tokenizer.json, which any tokenizer that
-  fits the vocabulary may read. `analysis.*` options are not config fields here."""
+  run saved none (an import of a directory without tokenizer.json): there the user names the
+  tokenizer the model was trained with. `analysis.*` options are not config fields here."""
   cfg = ml_collections.ConfigDict(saved.to_dict())
   flat, diffs = {}, []
   for path, value in overrides.items():
     if path.split('.')[0] == 'analysis':
       continue
     if fixed_by_checkpoint(path):
-      try:
-        same = _saved_value(saved, path) == value
-      except (KeyError, AttributeError):
-        same = False
-      unset = path == 'data.tokenizer' and _saved_value_or_none(saved, path) == ''
-      if not same and not unset:
+      saved_value = _saved_value_or_none(saved, path)
+      if path in CHECKPOINT_FIELDS and saved_value == '':   # not saved: the user names it
+        flat[path] = value
+      elif saved_value != value:
         diffs.append(path)
-        continue
-      if not unset:
-        continue
+      continue
     flat[path] = value
   if diffs:
     raise RunError(
