@@ -227,7 +227,8 @@ class Checkpointer:
     """The checksums saved with checkpoint `step` (None without its _CHECKPOINT_METADATA or
     with one written before checksums existed)."""
     try:
-      custom = self.manager.metadata(step).custom_metadata
+      with _quiet_orbax():   # a read-only manager warns of every item it has no handler for
+        custom = self.manager.metadata(step).custom_metadata
     except Exception:  # pylint: disable=broad-except  # a missing or unreadable metadata file
       return None
     return (custom or {}).get('checksums')
