@@ -16,6 +16,7 @@ from ml_collections import config_flags
 
 import configs
 from gated_attention import modes
+from gated_attention.runs import rundir
 from gated_attention.errors import UserError
 
 
@@ -176,7 +177,7 @@ def dispatch(args: modes.Args):
     from gated_attention import distributed  # pylint: disable=g-import-not-at-top
     distributed.initialize(args.config.distributed)
   if mode.name == 'train' and not FLAGS['verbosity'].present:
-    _libraries_log_to(os.path.join(args.workdir, 'logs'))
+    _libraries_log_to(os.path.join(args.workdir, rundir.LOGS_DIR))
   mode.load().main(args)
 
 

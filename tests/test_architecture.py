@@ -24,7 +24,8 @@ ALLOWED = {
     'compile': {'core', 'model', 'runs', 'training', 'configs', 'input_pipeline'},
     'modes': {'core', 'model', 'analysis', 'inference', 'runs', 'training', 'compile', 'configs',
               'input_pipeline'},
-    'main': {'core', 'modes', 'configs', 'main'},
+    'main': {'core', 'model', 'analysis', 'inference', 'runs', 'training', 'compile', 'modes',
+             'configs', 'input_pipeline', 'main'},
     'configs': {'core', 'model', 'configs'},
     'input_pipeline': {'core', 'input_pipeline', 'configs'},   # bpe.py's command line: data defaults
 }

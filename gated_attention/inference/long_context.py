@@ -29,8 +29,6 @@ from gated_attention.analysis import plots
 from gated_attention.errors import UserError
 from input_pipeline import ruler
 
-OUT_DIR = 'long_context'
-
 
 class LongContextError(UserError, ValueError):
   pass

@@ -47,7 +47,7 @@ def run(workdir: str, *, overrides: dict | None = None) -> dict:
       opts.batch_size) if tasks and opts.examples else {}
   report['examples_per_cell'] = int(opts.examples)
   report['seconds'] = round(time.time() - t0, 1)
-  out_dir = os.path.join(workdir, long_context.OUT_DIR, opts.tag or report['rope_tag'])
+  out_dir = os.path.join(workdir, rundir.LONG_CONTEXT_DIR, opts.tag or report['rope_tag'])
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, 'report.json'), 'w') as f:
     json.dump(report, f, indent=1, allow_nan=False)

@@ -36,7 +36,8 @@ import orbax.checkpoint as ocp
 from gated_attention import console
 from gated_attention.errors import CheckpointError
 
-CHECKPOINTS_DIR = 'checkpoints'
+CHECKPOINTS_DIR = 'checkpoints'   # in the run directory (rundir.py lists its files)
+
 
 
 @contextlib.contextmanager

@@ -30,8 +30,8 @@ import time
 import jax
 
 from gated_attention.errors import CheckpointError
+from gated_attention.runs.rundir import LOCK_FILE
 
-LOCK_FILE = 'trainer.lock'
 HEARTBEAT_S = 30.0
 STALE_S = 300.0
 

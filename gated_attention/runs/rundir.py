@@ -2,10 +2,12 @@
 
     RUN/config.json          the run's config (check_or_write_config writes it; read_config)
     RUN/metrics.jsonl        one JSON row per log / eval / event (read_metrics)
-    RUN/checkpoints/<step>/  orbax checkpoints (checkpoint.py): {state, data}
+    RUN/checkpoints/<step>/  orbax checkpoints (checkpoint.py, its CHECKPOINTS_DIR): {state, data}
     RUN/analysis/            --mode=analyze's report.json and figures (read_report)
     RUN/long_context/<tag>/  --mode=long_context's reports
+    RUN/tensorboard/         the same metrics for TensorBoard
     RUN/logs/                the libraries' own log files during training
+    RUN/trainer.lock         the one trainer writing the run (lock.py)
 
 Every mode, the notebook and the experiment runner open runs through this module:
 
@@ -37,10 +39,12 @@ from gated_attention.model import config as model_config
 
 CONFIG_FILE = 'config.json'
 METRICS_FILE = 'metrics.jsonl'
-CHECKPOINTS_DIR = 'checkpoints'     # checkpoint.py's
 ANALYSIS_DIR = 'analysis'
 REPORT_FILE = 'report.json'
 LOGS_DIR = 'logs'
+LOCK_FILE = 'trainer.lock'       # lock.py's: the one trainer of the run
+TENSORBOARD_DIR = 'tensorboard'
+LONG_CONTEXT_DIR = 'long_context'
 # What may differ from a run's saved config is declared on the config's fields: the model's in
 # their dataclass metadata (gated_attention/model/config.py), the rest in configs/base.py.
 # Model fields that may change between a run and its resumption (they do not change what the
@@ -218,9 +222,9 @@ def read_report(workdir: str) -> dict | None:
 
 def checkpoint_steps(workdir: str) -> list[int]:
   """Steps of the finished checkpoints (unfinished orbax temporaries are ignored)."""
-  if not os.path.isdir(os.path.join(workdir, CHECKPOINTS_DIR)):
-    return []
   from gated_attention.runs import checkpoint  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(os.path.join(workdir, checkpoint.CHECKPOINTS_DIR)):
+    return []
   ckpt = checkpoint.Checkpointer(workdir, read_only=True)
   try:
     return ckpt.all_steps()
@@ -238,7 +242,7 @@ def pick_step(workdir: str, step: int | None, steps: list[int] | None = None) ->
   checkpoints); a RunError naming the steps there are otherwise."""
   steps = checkpoint_steps(workdir) if steps is None else steps
   if not steps:
-    raise RunError(f'{workdir!r} has no finished checkpoint under {CHECKPOINTS_DIR}/: nothing to '
+    raise RunError(f'{workdir!r} has no finished checkpoint under checkpoints/: nothing to '
                    'open. Train first (checkpoints are written every '
                    'config.train.checkpoint_every steps and at the end) or pick another --workdir.')
   if step is None:

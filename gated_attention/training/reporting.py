@@ -13,6 +13,7 @@ import numpy as np
 
 from gated_attention import chips
 from gated_attention.model import transformer as model_lib
+from gated_attention.runs import rundir
 
 
 _HOOKED = []
@@ -48,11 +49,11 @@ class MetricsWriter:
     if not self.enabled:
       return
     os.makedirs(workdir, exist_ok=True)
-    self.jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+    self.jsonl = open(os.path.join(workdir, rundir.METRICS_FILE), 'a')
     self.tb_failed = threading.Event()
     try:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self.tb = SummaryWriter(os.path.join(workdir, rundir.TENSORBOARD_DIR))
     except ImportError:  # TensorBoard output is optional
       self.tb = None
     except OSError as e:
