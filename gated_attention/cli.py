@@ -67,6 +67,9 @@ flags.DEFINE_string('out', None, '--mode=compare: output directory (default: com
 flags.DEFINE_string('hf', None, '--mode=import: a local Hugging Face model directory.')
 flags.DEFINE_enum('export_dtype', 'float32', ['float32', 'bfloat16'],
                   '--mode=export: the dtype of the written weights.')
+flags.DEFINE_string('max_shard_size', '5GB', '--mode=export: the largest safetensors file, as in '
+                    "transformers' save_pretrained (5GB, 500MB, 2GiB or bytes); larger models "
+                    'are written in several files with an index.')
 flags.DEFINE_string('remote_code_dir', None, '--mode=export of a G1 gate: a directory holding the '
                     "authors' modeling_qwen3.py / configuration_qwen3.py to copy beside it.")
 flags.DEFINE_multi_string('prompt', [], '--mode=sample: a prompt (repeat for a batch).')
@@ -159,7 +162,8 @@ def _args(rest) -> modes.Args:
       config=FLAGS.config, config_given=bool(flag.present),
       overrides=dict(getattr(flag, 'override_values', None) or {}), workdir=FLAGS.workdir,
       runs=tuple(rest), topology=FLAGS.topology, out=FLAGS.out, hf=FLAGS.hf,
-      export_dtype=FLAGS.export_dtype, remote_code_dir=FLAGS.remote_code_dir,
+      export_dtype=FLAGS.export_dtype, max_shard_size=FLAGS.max_shard_size,
+      remote_code_dir=FLAGS.remote_code_dir,
       prompts=tuple(FLAGS.prompt), max_new_tokens=FLAGS.max_new_tokens,
       temperature=FLAGS.temperature, top_p=FLAGS.top_p, sample_seed=FLAGS.sample_seed,
       step=FLAGS.step)

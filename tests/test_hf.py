@@ -9,6 +9,8 @@ also checked live against the installed `transformers` (skipped without torch/tr
 import functools
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -473,3 +475,34 @@ def test_a_byte_tokenizer_run_exported_and_imported_back_can_be_analysed(tmp_pat
   report = analyze.run(str(root / 'back'), overrides={**small, 'data.tokenizer': 'byte'})
   assert report['tokenizer'] == 'byte' and report['step'] == 0
   assert runs.read_config(str(root / 'back')).data.tokenizer == ''   # the run is not rewritten
+
+
+def test_sharded_export_from_the_command_line(tmp_path_factory):
+  """main.py --mode=export --max_shard_size=50KB writes several safetensors files and their
+  index; importing the directory back gives the run's parameters bit for bit. A bad size is one
+  paragraph."""
+  from gated_attention.runs import rundir as runs  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  from tests.test_analysis import ROOT, make_tiny_run  # pylint: disable=g-import-not-at-top
+  run = make_tiny_run(str(tmp_path_factory.getbasetemp() / 'ga_tiny_run'), analyse=False)
+  root = tmp_path_factory.mktemp('sharded_cli')
+  out = root / 'hf'
+  cmd = [sys.executable, 'main.py', '--mode=export', f'--workdir={run}', f'--out={out}']
+  done = subprocess.run(cmd + ['--max_shard_size=50KB'], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  shards = sorted(f for f in os.listdir(out) if f.endswith('.safetensors'))
+  with open(out / 'model.safetensors.index.json') as f:
+    weight_map = json.load(f)['weight_map']
+  assert len(shards) > 1 and sorted(set(weight_map.values())) == shards
+  for shard in shards:          # at most 50 KB of tensors, or one tensor larger than that alone
+    tensors = [n for n, f in weight_map.items() if f == shard]
+    assert os.path.getsize(out / shard) <= 50_000 + 2**12 or len(tensors) == 1, shard
+  interop.import_run(str(out), str(root / 'back'), overrides={'data.tokenizer': 'byte'})
+  want = jax.device_get(runs.load_run(run).params)
+  got = jax.device_get(runs.load_run(str(root / 'back')).params)
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+  bad = subprocess.run(cmd[:-1] + [f'--out={root / "bad"}', '--max_shard_size=lots'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert bad.returncode == 1 and 'Traceback' not in bad.stderr
+  assert "--max_shard_size='lots' is not a size" in bad.stderr

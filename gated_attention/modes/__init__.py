@@ -27,6 +27,7 @@ class Args:
   out: str | None = None
   hf: str | None = None
   export_dtype: str = 'float32'
+  max_shard_size: str = '5GB'
   remote_code_dir: str | None = None
   prompts: tuple = ()
   max_new_tokens: int = 128
