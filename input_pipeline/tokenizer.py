@@ -1,7 +1,8 @@
 """Tokenizers: UTF-8 bytes, a Hugging Face tokenizer.json, a sentencepiece .model.
 
 `make_tokenizer(spec)` picks one from `data.tokenizer`:
-  'byte'                 UTF-8 bytes 0..255, BOS = 256, vocab_size 257 (no files needed)
+  'byte'                 UTF-8 bytes 0..255, BOS = 256, vocab_size 257 (no files needed;
+                         ByteTokenizer.save_hf writes it as an equivalent tokenizer.json)
   '.../tokenizer.json'   Hugging Face `tokenizers` (e.g. Qwen's); needs `pip install tokenizers`
   '.../name.model'       sentencepiece; needs `pip install sentencepiece`
 """
@@ -61,6 +62,44 @@ class ByteTokenizer(Tokenizer):
   def decode(self, ids) -> str:
     ids_n = np.asarray(ids, np.int64).reshape(-1)
     return ids_n[(ids_n >= 0) & (ids_n < 256)].astype(np.uint8).tobytes().decode('utf-8', 'replace')
+
+  BOS_TOKEN = '<bos>'
+
+  def save_hf(self, directory: str) -> list[str]:
+    """Writes this tokenizer as Hugging Face files into `directory` (tokenizer.json,
+    tokenizer_config.json, special_tokens_map.json): a byte-level BPE without merges whose
+    vocabulary maps each byte's ByteLevel character to the byte's value, and `<bos>` = 256 as
+    the BOS special token, so `tokenizers` / `transformers` encode every text to exactly the ids
+    of `encode` (and HFTokenizer reads it back with the same BOS). Returns the file names."""
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    vocab = {char: byte for byte, char in _byte_level_chars().items()}
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                            use_regex=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    tok.add_special_tokens([tokenizers.AddedToken(self.BOS_TOKEN, special=True)])
+    assert tok.token_to_id(self.BOS_TOKEN) == self.bos_id, tok.token_to_id(self.BOS_TOKEN)
+    os.makedirs(directory, exist_ok=True)
+    tok.save(os.path.join(directory, 'tokenizer.json'))
+    config = {'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': self.BOS_TOKEN,
+              'eos_token': self.BOS_TOKEN, 'add_bos_token': False, 'clean_up_tokenization_spaces':
+              False, 'model_max_length': 1 << 30}
+    for name, obj in (('tokenizer_config.json', config),
+                      ('special_tokens_map.json', {'bos_token': self.BOS_TOKEN,
+                                                   'eos_token': self.BOS_TOKEN})):
+      with open(os.path.join(directory, name), 'w') as f:
+        json.dump(obj, f, indent=2)
+        f.write('\n')
+    return ['tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json']
+
+
+def _byte_level_chars() -> dict[int, str]:
+  """The printable character that byte-level BPE (GPT-2's ByteLevel) stands each byte for:
+  printable Latin-1 bytes stand for themselves, the other 68 for U+0100 onwards in byte
+  order."""
+  keep = [*range(ord('!'), ord('~') + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+  moved = [b for b in range(256) if b not in keep]
+  return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(moved)}}
 
 
 class _FileTokenizer(Tokenizer):

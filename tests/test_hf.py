@@ -457,24 +457,61 @@ def test_import_refuses_a_workdir_that_holds_a_run(imported):
 
 
 def test_a_byte_tokenizer_run_exported_and_imported_back_can_be_analysed(tmp_path_factory):
-  """The seam of issue 23: export a run trained with the byte tokenizer (the export holds no
-  tokenizer), import it again (data.tokenizer '' : unknown), analyse it naming the tokenizer."""
+  """The seam of issue 23: a run trained with the byte tokenizer is exported with its
+  tokenizer.json (the ids of input_pipeline's byte tokenizer), imported again and analysed with
+  no tokenizer named; an import of a directory without tokenizer.json records none, and the
+  evaluation names it (--config.data.tokenizer=byte)."""
+  import shutil  # pylint: disable=g-import-not-at-top
   from gated_attention.modes import analyze  # pylint: disable=g-import-not-at-top
   from gated_attention.runs import rundir as runs  # pylint: disable=g-import-not-at-top
   from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
   from tests.test_analysis import make_tiny_run  # pylint: disable=g-import-not-at-top
   run = make_tiny_run(str(tmp_path_factory.getbasetemp() / 'ga_tiny_run'), analyse=False)
   root = tmp_path_factory.mktemp('byte_roundtrip')
-  interop.export_run(run, str(root / 'hf'))
-  assert not os.path.exists(root / 'hf' / 'tokenizer.json')
-  summary = interop.import_run(str(root / 'hf'), str(root / 'back'))
-  assert summary['tokenizer'] == ''
+  out = interop.export_run(run, str(root / 'hf'))
+  assert {'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json'} <= set(out['files'])
+  with open(root / 'hf' / 'config.json') as f:
+    assert json.load(f)['bos_token_id'] == 256
   small = {'data.val_batches': 1, 'train.batch_size': 2}
+  summary = interop.import_run(str(root / 'hf'), str(root / 'back'))
+  assert summary['tokenizer'] == str(root / 'hf' / 'tokenizer.json')
+  report = analyze.run(str(root / 'back'), overrides=small)
+  assert report['tokenizer'] == 'hf:tokenizer.json' and report['step'] == 0
+  bare = root / 'bare'                              # the weights alone: no tokenizer recorded
+  shutil.copytree(root / 'hf', bare)
+  for name in ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json'):
+    os.remove(bare / name)
+  assert interop.import_run(str(bare), str(root / 'bare_run'))['tokenizer'] == ''
   with pytest.raises(Exception, match='data.tokenizer is empty'):
-    analyze.run(str(root / 'back'), overrides=small)
-  report = analyze.run(str(root / 'back'), overrides={**small, 'data.tokenizer': 'byte'})
-  assert report['tokenizer'] == 'byte' and report['step'] == 0
-  assert runs.read_config(str(root / 'back')).data.tokenizer == ''   # the run is not rewritten
+    analyze.run(str(root / 'bare_run'), overrides=small)
+  report = analyze.run(str(root / 'bare_run'), overrides={**small, 'data.tokenizer': 'byte'})
+  assert report['tokenizer'] == 'byte'
+  assert runs.read_config(str(root / 'bare_run')).data.tokenizer == ''   # not rewritten
+
+
+def test_the_byte_tokenizer_json_encodes_as_the_byte_tokenizer(tmp_path):
+  """ByteTokenizer.save_hf: `tokenizers` (through HFTokenizer) and `transformers` give the byte
+  tokenizer's ids for random text (every UTF-8 length, controls, whitespace), decode back, and
+  know BOS."""
+  import random  # pylint: disable=g-import-not-at-top
+  from input_pipeline.tokenizer import ByteTokenizer, HFTokenizer  # pylint: disable=g-import-not-at-top
+  ByteTokenizer().save_hf(str(tmp_path))
+  ours, hf = ByteTokenizer(), HFTokenizer(str(tmp_path / 'tokenizer.json'))
+  assert (hf.vocab_size, hf.bos_id, hf.bos_token) == (257, 256, '<bos>')
+  rng = random.Random(0)
+  ranges = ((0, 0x80), (0x80, 0x800), (0x800, 0xD800), (0xE000, 0x10000), (0x10000, 0x110000))
+  texts = ['', ' ', '  two spaces\n\r\n\ttab', '\x00\x7f', 'caf\u00e9 \u6f22\u5b57 \U0001f642']
+  texts += [''.join(chr(rng.randrange(*rng.choice(ranges))) for _ in range(rng.randrange(1, 30)))
+            for _ in range(200)]
+  for text in texts:
+    assert hf.encode(text) == ours.encode(text), repr(text)
+    assert hf.decode(hf.encode(text)) == text, repr(text)
+  transformers = pytest.importorskip('transformers')
+  fast = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  assert fast.bos_token_id == 256
+  for text in texts[:50]:
+    assert fast(text, add_special_tokens=False)['input_ids'] == ours.encode(text), repr(text)
+    assert fast.decode(ours.encode(text)) == text, repr(text)
 
 
 def test_sharded_export_from_the_command_line(tmp_path_factory):

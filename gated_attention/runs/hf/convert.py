@@ -100,7 +100,7 @@ def _tokenizer_files(config, tokenizer_dir: str | None) -> list[tuple[str, str]]
   if tokenizer_dir is None:
     path = str(config.data.tokenizer)
     if not path.endswith('.json'):
-      return []                    # byte / sentencepiece / synthetic: no HF tokenizer to write
+      return []                    # byte (written by save_hf) / sentencepiece / synthetic
     if not os.path.isfile(path):
       raise HFExportError(f'config.data.tokenizer={path!r} does not exist; pass tokenizer_dir= '
                           'the directory of the run\'s tokenizer.json.')
@@ -139,10 +139,17 @@ def _write_weights(tmp: str, dims: layout.Dims, params: dict, dtype, max_shard_b
   return names
 
 
-def _bos_id(config, tokenizer_files) -> int | None:
+def _writes_byte_tokenizer(config, tokenizer_dir: str | None) -> bool:
+  """A run trained on the byte tokenizer is exported with its tokenizer.json
+  (input_pipeline's ByteTokenizer.save_hf: the same ids in `tokenizers` and `transformers`)."""
+  return tokenizer_dir is None and str(config.data.tokenizer) == 'byte'
+
+
+def _bos_id(config, exports_tokenizer: bool) -> int | None:
   """The BOS id the run's documents start with (exported as bos and eos: packed documents are
-  separated by BOS alone), when the run used a HF tokenizer."""
-  if not tokenizer_files or config.get('hf'):
+  separated by BOS alone), when the export holds the run's tokenizer (a HF tokenizer.json or
+  the byte tokenizer's)."""
+  if not exports_tokenizer or config.get('hf'):
     return None
   from input_pipeline import make_tokenizer  # pylint: disable=g-import-not-at-top
   return int(make_tokenizer(str(config.data.tokenizer)).bos_id)
@@ -175,7 +182,9 @@ def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
     if missing:
       raise HFExportError(f'remote_code_dir={remote_code_dir!r} lacks {missing}.')
   _check_out_dir(out_dir)
-  cfg = hf_config.hf_config(config, dims, dtype, bos_id=_bos_id(config, tokenizer))
+  byte_tokenizer = _writes_byte_tokenizer(config, tokenizer_dir)
+  cfg = hf_config.hf_config(config, dims, dtype,
+                            bos_id=_bos_id(config, bool(tokenizer) or byte_tokenizer))
   out_dir = os.path.abspath(out_dir)
   parent = os.path.dirname(out_dir)
   os.makedirs(parent, exist_ok=True)
@@ -189,6 +198,9 @@ def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
                 hf_config.generation_config(config, cfg))
     for src, name in tokenizer + code:
       shutil.copyfile(src, os.path.join(tmp, name))
+    if byte_tokenizer:
+      from input_pipeline.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
+      ByteTokenizer().save_hf(tmp)
     if os.path.isdir(out_dir):
       os.rmdir(out_dir)
     os.rename(tmp, out_dir)
