@@ -256,6 +256,31 @@ def test_stock_transformers_loads_exported_baseline(tmp_path):
   assert all(np.array_equal(v, _flat(params)[k]) for k, v in _flat(resaved).items())
 
 
+def test_greedy_generation_equals_transformers_generate_on_the_export(tmp_path):
+  """The exported baseline generates in stock transformers (model.generate, greedy, KV cache)
+  exactly the tokens our Generator (--mode=sample's) does, prompts of two lengths."""
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  from gated_attention.inference import generate  # pylint: disable=g-import-not-at-top
+  config = _tiny_config('none', tied=False)
+  params = _random_params(config, seed=11)
+  save_hf(config, params, tmp_path / 'hf')
+  hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'hf', dtype=torch.float32)
+  graphdef, state = _graphdef_and_state(config)
+  nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+  gen = generate.Generator(nnx.merge(graphdef, state), max_len=32)
+  rng = np.random.default_rng(5)
+  for length in (3, 9):
+    prompts = rng.integers(0, config.model.vocab_size, (2, length)).tolist()
+    ours = gen.generate(prompts, max_new_tokens=16, temperature=0.0).tokens
+    with torch.no_grad():         # no padding (all prompts of one length), no end token
+      out = hf.eval().generate(torch.tensor(prompts), attention_mask=torch.ones(2, length),
+                               max_new_tokens=16, do_sample=False, eos_token_id=None,
+                               pad_token_id=config.model.vocab_size - 1, min_new_tokens=16)
+    theirs = out[:, length:].tolist()
+    assert [list(t) for t in ours] == theirs, (length, ours, theirs)
+
+
 def test_stock_transformers_refuses_a_gated_export(tmp_path):
   """A G1 export never loads silently as an ungated stock Qwen3: its q_proj is wider."""
   torch = pytest.importorskip('torch')

@@ -141,8 +141,11 @@ def _write_weights(tmp: str, dims: layout.Dims, params: dict, dtype, max_shard_b
 
 def _writes_byte_tokenizer(config, tokenizer_dir: str | None) -> bool:
   """A run trained on the byte tokenizer is exported with its tokenizer.json
-  (input_pipeline's ByteTokenizer.save_hf: the same ids in `tokenizers` and `transformers`)."""
-  return tokenizer_dir is None and str(config.data.tokenizer) == 'byte'
+  (input_pipeline's ByteTokenizer.save_hf: the same ids in `tokenizers` and `transformers`); a
+  model whose vocabulary is smaller than the byte tokenizer's cannot have been trained on it."""
+  from input_pipeline.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
+  return (tokenizer_dir is None and str(config.data.tokenizer) == 'byte'
+          and config.model.vocab_size >= ByteTokenizer.vocab_size)
 
 
 def _bos_id(config, exports_tokenizer: bool) -> int | None:
