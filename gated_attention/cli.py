@@ -186,11 +186,13 @@ def dispatch(args: modes.Args):
 
 
 def _resolved_argv(argv: list[str]) -> list[str]:
-  """argv with --config=FILE[:ARG] found by resolve_config_path."""
+  """argv with --config=FILE[:ARG] (or --config FILE[:ARG]) found by resolve_config_path."""
   out = []
   for a in argv:
     if a.startswith('--config='):
       a = '--config=' + resolve_config_path(a[len('--config='):])
+    elif out and out[-1] == '--config':
+      a = resolve_config_path(a)
     out.append(a)
   return out
 

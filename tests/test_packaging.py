@@ -62,7 +62,8 @@ def test_the_installed_command_is_main_py(installed, tmp_path):
                           'import gated_attention; print(gated_attention.__file__)'],
                          env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
   assert where.stdout.startswith(str(target)), where.stdout
-  for flags in ([], ['--config=configs/baseline.py:moe_tiny']):
+  for flags in ([], ['--config=configs/baseline.py:moe_tiny'],
+                ['--config', 'configs/g1_headwise.py']):
     got = subprocess.run([sys.executable, command, '--mode=params'] + flags, env=env,
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stderr[-2000:]
