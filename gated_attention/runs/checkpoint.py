@@ -39,7 +39,6 @@ from gated_attention.errors import CheckpointError
 CHECKPOINTS_DIR = 'checkpoints'   # in the run directory (rundir.py lists its files)
 
 
-
 @contextlib.contextmanager
 def _quiet_orbax():
   """orbax logs a WARNING for every option a read-only manager overrides."""
@@ -340,14 +339,17 @@ class Checkpointer:
       reader.close()
     return out['state']['params']
 
+  def _verified_params(self, step: int, abstract_params: dict, warn) -> dict:
+    params = self._read_params(step, abstract_params)
+    self._verify(step, {'params': params}, warn)
+    return params
+
   def restore_params(self, step: int, abstract_params: dict, *, warn=print) -> dict:
     """The parameters of checkpoint `step` alone, verified like a training restore (finite
     values, the checksums saved with it). Read-only: nothing in the run directory is changed; a
     bad checkpoint is a one-paragraph CheckpointError naming the intact-looking others."""
     try:
-      params = self._read_params(step, abstract_params)
-      self._verify(step, {'params': params}, warn)
-      return params
+      return self._verified_params(step, abstract_params, warn)
     except CheckpointError as e:
       others = [s for s in self.all_steps() if s != step]
       raise CheckpointError(
@@ -362,9 +364,7 @@ class Checkpointer:
     steps = self.all_steps()
     for step in reversed(steps):
       try:
-        params = self._read_params(step, abstract_params)
-        self._verify(step, {'params': params}, warn)
-        return step, params
+        return step, self._verified_params(step, abstract_params, warn)
       except CheckpointError as e:
         warn(f'Warning: checkpoint {step} in {self.directory} is unusable ({e}); reading the one '
              'before it (the run directory is left as it is).')

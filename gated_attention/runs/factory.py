@@ -141,13 +141,14 @@ class ModelFactory:
 
   # --- parameters ----------------------------------------------------------------------------
 
+  def fresh_params(self, key) -> dict:
+    """A new model's parameters from `key` (a pure dict; traced inside the callers' jit)."""
+    return nnx.to_pure_dict(nnx.state(model_lib.Transformer(self.model_cfg, rngs=nnx.Rngs(key))))
+
   def init_params(self, seed: int) -> dict:
     """Freshly initialised parameters (a pure dict on `param_shardings`)."""
-    def init(key):
-      return nnx.to_pure_dict(nnx.state(model_lib.Transformer(self.model_cfg,
-                                                              rngs=nnx.Rngs(key))))
     with jax.set_mesh(self.mesh):
-      return jax.jit(self.with_rules(init), out_shardings=self.param_shardings)(
+      return jax.jit(self.with_rules(self.fresh_params), out_shardings=self.param_shardings)(
           jax.random.key(seed))
 
   def restore(self, workdir: str, step: int | None = None, *, warn=print) -> tuple[int, dict]:

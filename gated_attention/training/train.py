@@ -207,8 +207,7 @@ class Setup(factory_lib.ModelFactory):
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
 
   def _init(self, key):
-    model = model_lib.Transformer(self.model_cfg, rngs=nnx.Rngs(key))
-    params = nnx.to_pure_dict(nnx.state(model))
+    params = self.fresh_params(key)
     return params, self.optimizer.init(params)
 
   def init(self, seed: int):
