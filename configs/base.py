@@ -278,6 +278,8 @@ def _run_fields(scale: str) -> dict:
       variant='baseline',
       scale=scale,
       seed=_iterator(0),        # the parameters' initialisation and the data order
+      compilation_cache='',     # JAX's persistent compilation cache: a directory shared by runs
+                                # of the same shapes ('': off; gated_attention/compilation_cache.py)
   )
 
 

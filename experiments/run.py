@@ -12,6 +12,9 @@ Each run trains with `python main.py --config=configs/<variant>.py:<scale> --wor
 Experiments with LONG_CONTEXT then continue the run at a longer context (EXTEND, in
 <run>/extended/, log extend.log) and run `main.py --mode=long_context` once per label (log
 long_context.log); their tables and long_context.png follow the main table.
+The runs share JAX's persistent compilation cache (`--config.compilation_cache`, default
+<out>/xla_cache; `--compilation-cache DIR` shares one between experiments, `off` turns it off):
+runs of the same shapes, and their analyses, compile each program once.
 A run whose runner.json says done (with the same command) is skipped, so running the experiment
 again resumes it; a half-trained run resumes from its latest checkpoint. The output directory
 (default experiments/out/<name>/) gets results.md (the table: mean ± std over seeds),
@@ -37,6 +40,7 @@ import concurrent.futures
 import datetime
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -60,6 +64,9 @@ def parse_args(argv):
   p.add_argument('--python', default='python', help='the interpreter in printed commands')
   p.add_argument('--report-only', action='store_true', help='train nothing; tabulate what is done')
   p.add_argument('--results', help='also write this experiment\'s section into this markdown file')
+  p.add_argument('--compilation-cache', default='',
+                 help="JAX's persistent compilation cache of the runs (--config.compilation_cache):"
+                 " runs of the same shapes compile once (default: OUT/xla_cache; 'off': none)")
   args = p.parse_args(argv)
   if args.jobs < 1:
     p.error('--jobs must be at least 1')
@@ -68,6 +75,28 @@ def parse_args(argv):
 
 def _workdir(out: str, run) -> str:
   return os.path.join(out, 'runs', run.name)
+
+
+_CACHE_FLAG = '--config.compilation_cache='
+
+
+def cache_dir(out: str, option: str) -> str:
+  """The runs' compilation cache: --compilation-cache, default OUT/xla_cache ('' when 'off')."""
+  if option == 'off':
+    return ''
+  return os.path.abspath(option) if option else os.path.join(out, 'xla_cache')
+
+
+def _cached(args: list[str], cache: str) -> list[str]:
+  """main.py's arguments with the compilation cache switched on (when there is one)."""
+  return args + [_CACHE_FLAG + cache] if cache else args
+
+
+def _same_command(saved: str | None, now: str) -> bool:
+  """Whether a recorded command trains what `now` does: the compilation cache's directory
+  changes no result, so it is left out of the comparison."""
+  strip = lambda c: [a for a in shlex.split(c) if not a.startswith(_CACHE_FLAG)]  # noqa: E731
+  return saved is not None and strip(saved) == strip(now)
 
 
 def _write_runner(workdir: str, state: dict):
@@ -110,14 +139,15 @@ def _trained(workdir: str) -> bool:
   return (runs_lib.latest_step(workdir) or 0) >= steps
 
 
-def execute(experiment, run, out: str) -> dict:
-  """Trains (or resumes) and analyses one run unless runner.json says it is done."""
+def execute(experiment, run, out: str, cache: str = '') -> dict:
+  """Trains (or resumes) and analyses one run unless runner.json says it is done; `cache`: the
+  persistent compilation cache's directory ('': none)."""
   workdir = _workdir(out, run)
-  train_args = run.train_args(experiment.scale, workdir)
-  analyze_args = experiment.analyze_args(workdir)
+  train_args = _cached(run.train_args(experiment.scale, workdir), cache)
+  analyze_args = _cached(experiment.analyze_args(workdir), cache)
   state = report.read_runner(workdir)
   if (state.get('status') in ('done', 'diverged')
-      and state.get('command') == spec.shell(train_args, 'python')):
+      and _same_command(state.get('command'), spec.shell(train_args, 'python'))):
     return state  # finished (a diverged run diverges again: rerun it by deleting runner.json)
   os.makedirs(workdir, exist_ok=True)
   state = {'run': run.name, 'group': run.group, 'variant': run.variant, 'seed': run.seed,
@@ -138,19 +168,19 @@ def execute(experiment, run, out: str) -> dict:
                status='done' if rc == 0 else f'analysis failed (exit {rc})')
   if rc == 0 and experiment.long_context:
     _write_runner(workdir, state)
-    state['status'] = _long_context(experiment, workdir, state)
+    state['status'] = _long_context(experiment, workdir, state, cache)
   state['finished'] = _now()
   _write_runner(workdir, state)
   return state
 
 
-def _long_context(experiment, workdir: str, state: dict) -> str:
+def _long_context(experiment, workdir: str, state: dict, cache: str = '') -> str:
   """Continues the run at a longer context (EXTEND, in <run>/extended/, resuming) and evaluates
   it for each LONG_CONTEXT label not yet done; updates `state`; returns the status."""
   evaluated = workdir
   if experiment.extend:
     evaluated = report.extended_dir(workdir)
-    args = experiment.extend_args(workdir, evaluated)
+    args = _cached(experiment.extend_args(workdir, evaluated), cache)
     state['extend_command'] = spec.shell(args, 'python')
     if not _trained(evaluated):
       rc, seconds = _call(args, os.path.join(workdir, 'extend.log'))
@@ -161,7 +191,7 @@ def _long_context(experiment, workdir: str, state: dict) -> str:
   for label in experiment.long_context:
     if report.read_long_context(evaluated, label) is not None:
       continue
-    rc, seconds = _call(experiment.long_context_args(evaluated, label),
+    rc, seconds = _call(_cached(experiment.long_context_args(evaluated, label), cache),
                         os.path.join(workdir, 'long_context.log'))
     state['long_context_seconds'] = state.get('long_context_seconds', 0.0) + seconds
     if rc:
@@ -186,6 +216,7 @@ def git_commit() -> str:
 
 
 def print_commands(experiment, runs, out: str, args):
+  cache = cache_dir(out, args.compilation_cache)
   for run in runs:
     if args.print_commands == 'main':
       workdir = _workdir(out, run)
@@ -195,20 +226,21 @@ def print_commands(experiment, runs, out: str, args):
         steps.append(experiment.extend_args(workdir, evaluated))
       steps += [experiment.long_context_args(evaluated, label)
                 for label in experiment.long_context]
-      line = ' && '.join(spec.shell(a, args.python) for a in steps)
+      line = ' && '.join(spec.shell(_cached(a, cache), args.python) for a in steps)
     else:
+      option = ['--compilation-cache', args.compilation_cache] if args.compilation_cache else []
       line = spec.shell(['-m', 'experiments.run', experiment.path, '--out', out, '--only',
-                         run.name], args.python)
+                         run.name] + option, args.python)
     print(f'cd {spec.REPO} && {line}')
 
 
-def run_all(experiment, runs, out: str, jobs: int) -> list[dict]:
+def run_all(experiment, runs, out: str, jobs: int, cache: str = '') -> list[dict]:
   """Executes `runs` with `jobs` side by side; prints one line per finished run."""
   done = [0]
 
   def one(run):
     t0 = time.time()
-    state = execute(experiment, run, out)
+    state = execute(experiment, run, out, cache)
     done[0] += 1
     _log(f'[{done[0]}/{len(runs)}] {run.name}: {state["status"]} ({(time.time() - t0) / 60:.1f} '
          f'min now, {state.get("train_seconds", 0) / 60:.1f} min training in all)')
@@ -273,7 +305,8 @@ def main(argv=None) -> int:
   if args.print_commands:
     print_commands(experiment, runs, out, args)
     return 0
-  states = [] if args.report_only else run_all(experiment, runs, out, args.jobs)
+  states = [] if args.report_only else run_all(experiment, runs, out, args.jobs,
+                                               cache_dir(out, args.compilation_cache))
   if args.only:  # one task of an array: the report is made once all have finished
     return 0 if all(s['status'] in ('done', 'diverged') for s in states) else 1
   results = [report.read(r, _workdir(out, r), experiment) for r in experiment.runs]

@@ -180,6 +180,8 @@ def dispatch(args: modes.Args):
   if mode.distributed:
     from gated_attention import distributed  # pylint: disable=g-import-not-at-top
     distributed.initialize(args.config.distributed)
+  from gated_attention import compilation_cache  # pylint: disable=g-import-not-at-top
+  compilation_cache.enable(args.config.get('compilation_cache', ''))
   if mode.name == 'train' and not FLAGS['verbosity'].present:
     _libraries_log_to(os.path.join(args.workdir, rundir.LOGS_DIR))
   mode.load().main(args)

@@ -62,6 +62,10 @@ def test_table_figures_and_records(finished):
   state = json.loads((out / 'runs' / 'baseline_s0' / 'runner.json').read_text())
   assert state['status'] == 'done' and state['train_seconds'] > 0 and state['attempts'] == 1
   assert '--config.train.steps=10' in state['command']
+  # The runs and their analyses share a persistent compilation cache (OUT/xla_cache).
+  assert f'--config.compilation_cache={out / "xla_cache"}' in state['command']
+  assert f'--config.compilation_cache={out / "xla_cache"}' in state['analyze_command']
+  assert len(os.listdir(out / 'xla_cache')) > 4
   text = results.read_text()
   assert text.startswith('# Results\n\nKept text.\n')
   assert text.count('<!-- experiment:tiny -->') == 1
@@ -81,11 +85,26 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resume(finished):
   (g1 / 'runner.json').write_text(json.dumps(dict(state, status='training')))
   (g1 / 'analysis' / 'report.json').unlink()
   g1_log = (g1 / 'train.log').stat().st_size
+  cached = sorted(os.listdir(out / 'xla_cache'))
   assert run.main([str(path), '--out', str(out), '--results', str(results)]) == 0
+  # The analysis again: every program it runs was compiled by the first one (read, not stored).
+  assert sorted(os.listdir(out / 'xla_cache')) == cached
   assert train_log.stat().st_size == size and (g1 / 'train.log').stat().st_size == g1_log
   assert json.loads((g1 / 'runner.json').read_text())['status'] == 'done'
   assert (g1 / 'analysis' / 'report.json').is_file()
   assert results.read_text().count('<!-- experiment:tiny -->') == 1  # replaced, not appended
+
+
+def test_the_compilation_cache_is_not_part_of_what_a_run_trains(tmp_path):
+  cmd = spec.shell(['main.py', '--config=configs/baseline.py:tiny', '--config.seed=1'], 'python')
+  flag = ' --config.compilation_cache='
+  assert run._same_command(cmd + flag + '/a', cmd + flag + '/b')
+  assert run._same_command(cmd, cmd + flag + '/b')
+  assert not run._same_command(cmd, cmd.replace('seed=1', 'seed=2'))
+  assert not run._same_command(None, cmd)
+  assert run.cache_dir(str(tmp_path), '') == str(tmp_path / 'xla_cache')
+  assert run.cache_dir(str(tmp_path), 'off') == ''
+  assert run.cache_dir(str(tmp_path), 'c') == os.path.abspath('c')
 
 
 def test_print_commands(finished, capsys):
@@ -101,6 +120,7 @@ def test_print_commands(finished, capsys):
   train, analyze = line.split(' && ')[1:]
   assert train.startswith('python3 main.py --config=configs/baseline.py:tiny --workdir=')
   assert '--config.seed=0' in train and '--config.data.source=synthetic' in train
+  assert f'--config.compilation_cache={out / "xla_cache"}' in train
   assert analyze.startswith('python3 main.py --mode=analyze --workdir=')
 
 

@@ -31,7 +31,7 @@ from gated_attention.runs import rundir as workdir_lib
 from gated_attention.training import evaluate as eval_lib
 from gated_attention.model import transformer as model_lib
 from gated_attention.training import prefetch, stability
-from gated_attention import sharding
+from gated_attention import compilation_cache, sharding
 from gated_attention.training import train as train_lib
 from gated_attention.errors import CheckpointError, ConfigError, UserError
 from gated_attention.training.reporting import MetricsWriter, Progress, Throughput
@@ -352,6 +352,7 @@ def _train(run: _Run, interrupt: _Interrupt) -> dict:
 
 def run(config, workdir: str) -> dict:
   """Trains config in workdir (resuming from its latest checkpoint); returns final val metrics."""
+  compilation_cache.enable(config.get('compilation_cache', ''))
   state = _start(config, workdir)
   state.progress.write(_describe(state))
   interrupt = _Interrupt()

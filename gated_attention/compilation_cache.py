@@ -1,0 +1,43 @@
+"""JAX's persistent compilation cache, switched on by `config.compilation_cache` (a directory).
+
+Runs of the same shapes compile the same programs (the training step, the evaluation and
+inspection passes); with a shared cache directory the second run, and an analysis of the first,
+read the compiled executable from disk instead of compiling it again. Every compile is stored,
+however short (a small model's step compiles in seconds on a 2-core CPU, below JAX's default
+threshold of one second for some of the programs). The cache is keyed by the program, the
+compiler options, the jaxlib version and the devices, so a changed config or a new jaxlib
+compiles afresh; it changes no result (a cached executable is the one the compiler produced).
+
+The experiment runner (experiments/run.py) turns it on for its runs; `JAX_COMPILATION_CACHE_DIR`
+in the environment does the same for any command.
+"""
+
+import os
+
+from gated_attention.errors import ConfigError
+
+_enabled = ['']
+
+
+def enable(directory: str):
+  """Stores and reads compiled programs in `directory` ('': leaves JAX's setting as it is)."""
+  if not directory:
+    return
+  directory = os.path.abspath(os.path.expanduser(directory))
+  if _enabled[0] == directory:
+    return
+  try:
+    os.makedirs(directory, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f'config.compilation_cache={directory!r} cannot be created ({e}); give a '
+                      "writable directory, or '' for no persistent compilation cache.") from None
+  if not os.access(directory, os.W_OK):
+    raise ConfigError(f'config.compilation_cache={directory!r} is not writable; give a writable '
+                      "directory, or '' for no persistent compilation cache.")
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  jax.config.update('jax_compilation_cache_dir', directory)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+  compilation_cache.reset_cache()  # a cache JAX opened before (another directory) is closed
+  _enabled[0] = directory
