@@ -194,6 +194,45 @@ def test_import_export_roundtrip_is_exact(gate, tied, tmp_path):
   assert loaded_config.variant == config.variant
 
 
+def _random_bits(rng, shape, dtype) -> np.ndarray:
+  """Every bit pattern of `dtype` equally likely (NaNs, infinities and subnormals included)."""
+  dtype = np.dtype(dtype)
+  bits = rng.integers(0, 2**(8 * dtype.itemsize), shape, dtype=f'<u{dtype.itemsize}')
+  return bits.view(dtype)
+
+
+def test_safetensors_files_cross_read_with_the_library(tmp_path):
+  """safetensors_io against the format's reference implementation (the `safetensors` library,
+  numpy API): what write_file writes the library reads, and what the library's save_file writes
+  SafetensorsFile reads, every tensor bit for bit with its dtype and shape, and the metadata;
+  fp32 and bf16 in one file, random bit patterns."""
+  pytest.importorskip('safetensors')
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  bf16 = np.dtype(ml_dtypes.bfloat16)
+  tensors = {'model.embed_tokens.weight': _random_bits(rng, (11, 6), np.float32),
+             'model.norm.weight': _random_bits(rng, (6,), bf16),
+             'a.b': _random_bits(rng, (3, 1, 5), bf16), 'one': _random_bits(rng, (1,), np.float32),
+             'lm_head.weight': _random_bits(rng, (6, 11), np.float32)}
+  meta = {'format': 'pt'}
+  ours = str(tmp_path / 'ours.safetensors')
+  safetensors_io.write_file(ours, [(n, a.shape, a.dtype, lambda a=a: a)
+                                   for n, a in tensors.items()], meta)
+  with safe_open(ours, framework='numpy') as f:
+    assert sorted(f.keys()) == sorted(tensors) and f.metadata() == meta
+    for name, want in tensors.items():
+      got = f.get_tensor(name)
+      assert (got.dtype, got.shape, got.tobytes()) == (want.dtype, want.shape, want.tobytes())
+  theirs = str(tmp_path / 'theirs.safetensors')
+  save_file(tensors, theirs, metadata=meta)
+  st = safetensors_io.SafetensorsFile(theirs)
+  assert sorted(st.entries) == sorted(tensors) and st.metadata == meta
+  for name, want in tensors.items():
+    got = st.get(name)
+    assert (got.dtype, got.shape, got.tobytes()) == (want.dtype, want.shape, want.tobytes())
+
+
 def test_sharded_and_bf16_export_roundtrip(tmp_path):
   config = _tiny_config('elementwise', tied=False)
   params = jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32),
@@ -568,3 +607,4 @@ def test_sharded_export_from_the_command_line(tmp_path_factory):
                        capture_output=True, text=True, timeout=300)
   assert bad.returncode == 1 and 'Traceback' not in bad.stderr
   assert "--max_shard_size='lots' is not a size" in bad.stderr
+
