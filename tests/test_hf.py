@@ -648,6 +648,9 @@ def test_lm_eval_harness_scores_an_export_as_our_model_does(tmp_path, monkeypatc
   (32 made-up questions, 96 requests): every request is the (context, continuation) the task
   defines, and every log-likelihood the harness logs equals our model's for the same tokens
   (1e-4), as do acc and acc_norm; with add_bos_token=True (the README's recipe) and without."""
+  monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
+  monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+  monkeypatch.setenv('HF_DATASETS_CACHE', str(tmp_path / 'datasets'))  # read when first imported
   lm_eval = pytest.importorskip('lm_eval')
   for module in ('accelerate', 'torch', 'transformers'):
     pytest.importorskip(module)
@@ -657,8 +660,6 @@ def test_lm_eval_harness_scores_an_export_as_our_model_does(tmp_path, monkeypatc
   from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
   from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
   from tests.test_analysis import ROOT, tiny_run_config  # pylint: disable=g-import-not-at-top
-  monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
-  monkeypatch.setenv('HF_HUB_OFFLINE', '1')
   monkeypatch.chdir(ROOT)                  # the task's data_files is relative to the repository
   workdir = str(tmp_path / 'run')
   loop.run(tiny_run_config('baseline'), workdir)
