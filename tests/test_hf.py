@@ -194,6 +194,45 @@ def test_import_export_roundtrip_is_exact(gate, tied, tmp_path):
   assert loaded_config.variant == config.variant
 
 
+def _random_bits(rng, shape, dtype) -> np.ndarray:
+  """Every bit pattern of `dtype` equally likely (NaNs, infinities and subnormals included)."""
+  dtype = np.dtype(dtype)
+  bits = rng.integers(0, 2**(8 * dtype.itemsize), shape, dtype=f'<u{dtype.itemsize}')
+  return bits.view(dtype)
+
+
+def test_safetensors_files_cross_read_with_the_library(tmp_path):
+  """safetensors_io against the format's reference implementation (the `safetensors` library,
+  numpy API): what write_file writes the library reads, and what the library's save_file writes
+  SafetensorsFile reads, every tensor bit for bit with its dtype and shape, and the metadata;
+  fp32 and bf16 in one file, random bit patterns."""
+  pytest.importorskip('safetensors')
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  bf16 = np.dtype(ml_dtypes.bfloat16)
+  tensors = {'model.embed_tokens.weight': _random_bits(rng, (11, 6), np.float32),
+             'model.norm.weight': _random_bits(rng, (6,), bf16),
+             'a.b': _random_bits(rng, (3, 1, 5), bf16), 'one': _random_bits(rng, (1,), np.float32),
+             'lm_head.weight': _random_bits(rng, (6, 11), np.float32)}
+  meta = {'format': 'pt'}
+  ours = str(tmp_path / 'ours.safetensors')
+  safetensors_io.write_file(ours, [(n, a.shape, a.dtype, lambda a=a: a)
+                                   for n, a in tensors.items()], meta)
+  with safe_open(ours, framework='numpy') as f:
+    assert sorted(f.keys()) == sorted(tensors) and f.metadata() == meta
+    for name, want in tensors.items():
+      got = f.get_tensor(name)
+      assert (got.dtype, got.shape, got.tobytes()) == (want.dtype, want.shape, want.tobytes())
+  theirs = str(tmp_path / 'theirs.safetensors')
+  save_file(tensors, theirs, metadata=meta)
+  st = safetensors_io.SafetensorsFile(theirs)
+  assert sorted(st.entries) == sorted(tensors) and st.metadata == meta
+  for name, want in tensors.items():
+    got = st.get(name)
+    assert (got.dtype, got.shape, got.tobytes()) == (want.dtype, want.shape, want.tobytes())
+
+
 def test_sharded_and_bf16_export_roundtrip(tmp_path):
   config = _tiny_config('elementwise', tied=False)
   params = jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32),
@@ -568,3 +607,90 @@ def test_sharded_export_from_the_command_line(tmp_path_factory):
                        capture_output=True, text=True, timeout=300)
   assert bad.returncode == 1 and 'Traceback' not in bad.stderr
   assert "--max_shard_size='lots' is not a size" in bad.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# lm-evaluation-harness (optional: pip install "lm_eval[hf]==0.4.13"; CI does not install it)
+# --------------------------------------------------------------------------------------------
+
+LM_EVAL_TASKS = os.path.join(os.path.dirname(__file__), 'fixtures', 'lm_eval')
+
+
+def _our_loglikelihoods(gen, tok, requests, bos: bool) -> list[tuple[float, bool]]:
+  """(log p(continuation | context), whether it is the greedy continuation) of each request
+  from our JAX model (Generator.logits, float64 log-softmax), tokenised as the harness's HFLM
+  does for a causal model: the context's trailing whitespace moved to the continuation, each
+  part encoded alone (the byte tokenizer: context + continuation encodes as their concatenation)
+  and BOS before the context when `bos` (add_bos_token=True)."""
+  seqs = []
+  for ctx, cont in requests:
+    n = len(ctx) - len(ctx.rstrip())
+    if n:
+      ctx, cont = ctx[:-n], ctx[-n:] + cont
+    seqs.append(([tok.bos_id] * bos + list(tok.encode(ctx)), list(tok.encode(cont))))
+  tokens_BxT = np.zeros((len(seqs), max(len(c) + len(w) for c, w in seqs)), np.int32)
+  for b, (c, w) in enumerate(seqs):          # right-padded: causal, so padding changes nothing
+    tokens_BxT[b, :len(c) + len(w)] = c + w
+  logits = np.asarray(gen.logits(tokens_BxT), np.float64)
+  top = logits.max(-1, keepdims=True)
+  logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+  out = []
+  for b, (c, w) in enumerate(seqs):
+    at = np.arange(len(c) - 1, len(c) + len(w) - 1)       # position t scores token t + 1
+    out.append((float(logp[b, at, w].sum()), bool(np.all(logp[b, at].argmax(-1) == w))))
+  return out
+
+
+@pytest.mark.slow
+def test_lm_eval_harness_scores_an_export_as_our_model_does(tmp_path, monkeypatch):
+  """A tiny baseline run with the byte tokenizer, trained, exported and scored by
+  lm-evaluation-harness (its `hf` model, Python API) on the local task tests/fixtures/lm_eval
+  (32 made-up questions, 96 requests): every request is the (context, continuation) the task
+  defines, and every log-likelihood the harness logs equals our model's for the same tokens
+  (1e-4), as do acc and acc_norm; with add_bos_token=True (the README's recipe) and without."""
+  monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
+  monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+  monkeypatch.setenv('HF_DATASETS_CACHE', str(tmp_path / 'datasets'))  # read when first imported
+  lm_eval = pytest.importorskip('lm_eval')
+  for module in ('accelerate', 'torch', 'transformers'):
+    pytest.importorskip(module)
+  from lm_eval.tasks import TaskManager  # pylint: disable=g-import-not-at-top
+  from gated_attention.inference import generate  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import rundir as runs  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
+  from tests.test_analysis import ROOT, tiny_run_config  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(ROOT)                  # the task's data_files is relative to the repository
+  workdir = str(tmp_path / 'run')
+  loop.run(tiny_run_config('baseline'), workdir)
+  assert runs.read_config(workdir).data.tokenizer == 'byte'
+  interop.export_run(workdir, str(tmp_path / 'hf'))
+  run = runs.load_run(workdir)
+  gen = generate.Generator(run.model, max_len=128)
+  with open(os.path.join(LM_EVAL_TASKS, 'tiny_mc.jsonl')) as f:
+    docs = [json.loads(line) for line in f]
+  want_requests = [(d['question'] if d['question'].endswith(' ') else
+                    f'Question: {d["question"]}\nAnswer:', ' ' + c)
+                   for d in docs for c in d['choices']]
+  for bos in (True, False):
+    model_args = f'pretrained={tmp_path / "hf"},dtype=float32' + (',add_bos_token=True' * bos)
+    out = lm_eval.simple_evaluate(
+        model='hf', model_args=model_args, tasks=['tiny_mc'], device='cpu', batch_size=8,
+        log_samples=True, task_manager=TaskManager(include_path=LM_EVAL_TASKS))
+    samples = sorted(out['samples']['tiny_mc'], key=lambda s: s['doc_id'])
+    requests = [tuple(a) for s in samples for a in s['arguments']]
+    theirs = [tuple(r[0]) for s in samples for r in s['resps']]
+    assert requests == want_requests
+    ours = _our_loglikelihoods(gen, run.tokenizer, requests, bos)
+    err = max(abs(a[0] - b[0]) for a, b in zip(ours, theirs))
+    assert err < 1e-4, f'add_bos_token={bos}: max |ours - harness| = {err:.2e}'
+    assert [g for _, g in ours] == [g for _, g in theirs]
+    acc, acc_norm, start = [], [], 0
+    for d in docs:
+      ll = np.array([o[0] for o in ours[start:start + len(d['choices'])]])
+      start += len(d['choices'])
+      acc.append(ll.argmax() == d['answer'])
+      acc_norm.append((ll / [len(c) for c in d['choices']]).argmax() == d['answer'])
+    result = out['results']['tiny_mc']
+    assert result['acc,none'] == pytest.approx(np.mean(acc))
+    assert result['acc_norm,none'] == pytest.approx(np.mean(acc_norm))
