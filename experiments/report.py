@@ -37,6 +37,16 @@ class Result:
     return self.runner.get('status', 'missing')
 
 
+def step_arithmetic(rows: list[dict]) -> float:
+  """A run's training arithmetic in seconds: its last step times the median step time of its
+  train rows (the first row's window, which holds the compile, left out); 0 without rows."""
+  train = [r for r in rows if r.get('split') == 'train' and r.get('step_time')]
+  if not train:
+    return 0.0
+  times = sorted(r['step_time'] for r in (train[1:] or train))
+  return train[-1]['step'] * times[len(times) // 2]
+
+
 def _last_train_loss(res: Result):
   losses = [r['loss'] for r in res.rows if r.get('split') == 'train' and r.get('loss') is not None]
   return losses[-1] if losses else None

@@ -293,14 +293,23 @@ def run_all(experiment, runs, out: str, jobs: int, cache: str = '') -> list[dict
 
   def one(run):
     t0 = time.time()
+    trained_before = report.read_runner(_workdir(out, run)).get('status') in ('done', 'diverged')
     state = execute(experiment, run, out, cache)
+    if not trained_before and state['status'] == 'done':
+      arithmetic[0] += report.step_arithmetic(report.read(run, _workdir(out, run)).rows)
     done[0] += 1
     _log(f'[{done[0]}/{len(runs)}] {run.name}: {state["status"]} ({(time.time() - t0) / 60:.1f} '
          f'min now, {state.get("train_seconds", 0) / 60:.1f} min training in all)')
     return state
 
+  arithmetic, t0 = [0.0], time.time()
   with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-    return list(pool.map(one, runs))
+    states = list(pool.map(one, runs))
+  if arithmetic[0]:
+    wall = time.time() - t0
+    _log(f'Runner: {wall:.0f} s for the runs trained now, whose training arithmetic (steps x '
+         f'median step time) is {arithmetic[0]:.0f} s: {wall / arithmetic[0]:.2f}x.')
+  return states
 
 
 def _header(experiment, results, wall_seconds: float) -> str:

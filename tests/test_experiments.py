@@ -107,6 +107,17 @@ def test_the_compilation_cache_is_not_part_of_what_a_run_trains(tmp_path):
   assert run.cache_dir(str(tmp_path), 'c') == os.path.abspath('c')
 
 
+def test_step_arithmetic_is_steps_times_the_median_step_time_after_the_compile():
+  rows = [{'split': 'train', 'step': 5, 'step_time': 9.0},     # the compile's window
+          {'split': 'val', 'step': 5, 'loss': 1.0},
+          {'split': 'train', 'step': 10, 'step_time': 0.2},
+          {'split': 'train', 'step': 15, 'step_time': 0.1},
+          {'split': 'train', 'step': 20, 'step_time': 0.4}]
+  assert report.step_arithmetic(rows) == pytest.approx(20 * 0.2)
+  assert report.step_arithmetic(rows[:1]) == pytest.approx(5 * 9.0)
+  assert report.step_arithmetic([]) == 0.0
+
+
 def test_print_commands(finished, capsys):
   path, out, _ = finished
   assert run.main([str(path), '--out', str(out), '--print-commands']) == 0
