@@ -1,6 +1,7 @@
 """benchmarks/: the pieces that run without an accelerator or a long measurement."""
 
 import importlib
+import json
 import os
 
 import numpy as np
@@ -103,3 +104,32 @@ def test_gpu_batch_fallback_and_flags(gpu):
   env = gpu.child_env({'XLA_PYTHON_CLIENT_MEM_FRACTION': '0.5'})
   assert env['XLA_PYTHON_CLIENT_MEM_FRACTION'] == '0.5'                   # the user's, kept
   assert gpu.child_env({})['XLA_PYTHON_CLIENT_MEM_FRACTION'] == gpu.MEM_FRACTION
+
+
+# --------------------------------------------------------------------------------------------
+# benchmarks/gpu_session.py: the GPU session's sizing and, on CPU, its control flow
+# --------------------------------------------------------------------------------------------
+
+def test_gpu_session_sizes_the_sink_runs_from_the_measured_throughput():
+  from benchmarks import gpu_session  # pylint: disable=g-import-not-at-top
+  # 480 s for 2 runs: (240 - 90) s x 1e6 tokens/s / 65,536 tokens per step
+  assert gpu_session.sink_steps(1e6, 480, 2) == int(150 * 1e6 / 65536)
+  assert gpu_session.sink_steps(1e9, 480, 2) == gpu_session.MAX_STEPS
+  assert gpu_session.sink_steps(1e3, 480, 2) == 100
+  assert gpu_session.sink_steps(None, 480, 2) == gpu_session.FALLBACK_STEPS
+
+
+@pytest.mark.slow
+def test_gpu_session_control_flow_on_cpu(tmp_path):
+  """The benchmark refuses without a GPU (recorded), the sink stage still runs and writes its
+  table; ~50 s."""
+  from benchmarks import gpu_session  # pylint: disable=g-import-not-at-top
+  out = tmp_path / 'session'
+  assert gpu_session.main([f'--out={out}', '--scale=tiny', '--steps=4', '--budget_s=300']) == 1
+  session = json.loads((out / 'session.json').read_text())
+  assert session['stages']['benchmark']['status'] == 'failed (exit 1)'
+  assert 'needs an NVIDIA GPU' in (out / 'gpu.log').read_text()
+  assert json.loads((out / 'gpu.json').read_text()) == []
+  assert session['stages']['sink']['status'] == 'done' and session['sink_steps'] == 4
+  table = (out / 'sink' / 'results.md').read_text()
+  assert '| baseline | 1/1 |' in table and '| g1_elementwise | 1/1 |' in table
