@@ -9,12 +9,14 @@ import jax
 import numpy as np
 import pytest
 
+from gated_attention import sharding
 from gated_attention.errors import ConfigError
 from gated_attention.runs import factory
 from gated_attention.runs import lock as lock_lib
 from gated_attention.runs import rundir
 from gated_attention.training import loop
 from gated_attention.training import seeds as seeds_lib
+from gated_attention.training import train as train_lib
 from tests.test_train import REPO, read_metrics, tiny_config
 
 STEPS = 12
@@ -31,6 +33,41 @@ def _params(workdir):
   return f.restore(workdir)
 
 
+@pytest.mark.slow  # ~11 s on the shared 2-core machine: two compiles of the step
+def test_the_vmapped_step_equals_the_single_step_per_seed():
+  """Setup.train_step on each seed alone against Stacked.train_step on both, 2 steps in memory."""
+  cfg = tiny_config(**{'model.num_layers': 1, 'model.hidden_size': 32, 'model.num_heads': 2,
+                       'model.num_kv_heads': 1, 'model.ffn_size': 64})
+  setup = train_lib.Setup(cfg, sharding.build_mesh(cfg.mesh))
+  stacked = seeds_lib.Stacked(setup)
+  rng = np.random.default_rng(0)
+  B, T, V = cfg.train.batch_size, cfg.data.seq_len, 256
+  batches = [[{'inputs': rng.integers(0, V, (B, T), dtype=np.int32),
+               'targets': rng.integers(0, V, (B, T), dtype=np.int32),
+               'loss_mask': np.ones((B, T), np.float32)} for _ in range(2)] for _ in range(2)]
+  with jax.set_mesh(setup.mesh):
+    alone = []
+    for s in (0, 1):
+      params, opt, losses = *setup.init(s), []
+      for b in batches[s]:
+        params, opt, m = setup.train_step(params, opt, setup.global_batch(b), 1.0)
+        losses.append(float(m['loss']))
+      alone.append((params, opt, losses))
+    params_S, opt_S = stacked.stack_state([setup.init(0), setup.init(1)])
+    losses_S = []
+    for b0, b1 in zip(*batches):
+      batch_S = stacked.stack_batch([setup.global_batch(b0), setup.global_batch(b1)])
+      params_S, opt_S, m = stacked.train_step(params_S, opt_S, batch_S, 1.0)
+      losses_S.append(np.asarray(m['loss']))
+  for i, (params, opt, losses) in enumerate(alone):
+    np.testing.assert_allclose([l[i] for l in losses_S], losses, rtol=LOSS_RTOL)
+    taken, taken_opt = stacked.take(params_S, opt_S, i)
+    for a, b in zip(jax.tree.leaves((taken, taken_opt)), jax.tree.leaves((params, opt))):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=PARAM_ATOL, rtol=1e-4)
+    assert jax.tree.leaves(taken)[0].sharding == jax.tree.leaves(setup.param_shardings)[0]
+  assert losses_S[0][0] != losses_S[0][1]   # two seeds, two models
+
+
 @pytest.fixture(scope='module')
 def batched_and_single(tmp_path_factory):
   root = str(tmp_path_factory.mktemp('seeds'))
@@ -45,6 +82,7 @@ def batched_and_single(tmp_path_factory):
   return dirs, singles, vals
 
 
+@pytest.mark.slow  # ~30 s: 2 seeds batched and 2 single runs of 12 steps
 def test_each_seed_is_a_run_equal_to_its_separate_run(batched_and_single):
   dirs, singles, vals = batched_and_single
   assert set(vals) == {3, 4} and all('loss' in v for v in vals.values())
@@ -71,6 +109,7 @@ def test_each_seed_is_a_run_equal_to_its_separate_run(batched_and_single):
   assert losses[3] != losses[4]          # the seeds are different runs
 
 
+@pytest.mark.slow  # the fixture, and main.py in a subprocess
 def test_a_seed_directory_resumes_alone_with_main(batched_and_single, tmp_path):
   dirs, _, _ = batched_and_single
   workdir = str(tmp_path / 's3')
@@ -94,11 +133,12 @@ def test_bad_seeds_are_refused(tmp_path):
   assert rundir.seed_workdirs('out', [5]) == {5: os.path.join('out', 's5')}
 
 
+@pytest.mark.slow  # the fixture
 def test_seeds_at_different_steps_are_refused(batched_and_single, tmp_path):
   _, singles, _ = batched_and_single
   workdirs = {3: singles[3], 7: str(tmp_path / 's7')}   # one at step 12, one new
   with pytest.raises(ConfigError, match='different steps'):
-    seeds_lib.run(tiny_config(**EXTRA, **{'train.steps': STEPS + 2}), workdirs)
+    seeds_lib.run(tiny_config(**{**EXTRA, 'train.steps': STEPS + 2}), workdirs)
   lock = lock_lib.RunLock(singles[3])        # the refused batch released its locks
   lock.acquire()
   lock.release()
