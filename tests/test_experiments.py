@@ -235,7 +235,7 @@ def test_a_groups_seeds_are_one_unit_unless_batching_is_off(tmp_path):
 def test_seeds_of_a_group_train_as_one_program(tmp_path):
   path, out = tmp_path / 'seeds.py', tmp_path / 'out'
   path.write_text(SEEDS_EXPERIMENT)
-  assert run.main([str(path), '--out', str(out)]) == 0
+  assert run.main([str(path), '--out', str(out), '--batch-seeds']) == 0
   log = out / 'runs' / 'g1_elementwise.seeds.log'
   assert '--seeds=0,1' in log.read_text()
   for seed in (0, 1):
@@ -248,5 +248,5 @@ def test_seeds_of_a_group_train_as_one_program(tmp_path):
     assert (workdir / 'analysis' / 'report.json').is_file()
     assert json.loads((workdir / 'config.json').read_text())['seed'] == seed
   size = log.stat().st_size
-  assert run.main([str(path), '--out', str(out)]) == 0   # done: nothing is trained again
+  assert run.main([str(path), '--out', str(out), '--batch-seeds']) == 0   # done: not again
   assert log.stat().st_size == size
