@@ -144,3 +144,33 @@ def test_seeds_at_different_steps_are_refused(batched_and_single, tmp_path):
   lock.release()
   with open(os.path.join(singles[3], rundir.CONFIG_FILE)) as f:
     assert json.load(f)['seed'] == 3
+
+
+@pytest.mark.slow  # a batched run of 12 steps and main.py in a subprocess
+def test_a_failing_seed_leaves_the_batch_and_the_others_finish(tmp_path, monkeypatch):
+  """Seed 6's guard reports a failure at step 8 (a stand-in for a divergence): it stops with its
+  checkpoint of step 6, seed 5 trains to the end, and the run says so; seed 6 resumes alone."""
+  from gated_attention.training import stability  # pylint: disable=g-import-not-at-top
+  check = loop._check_pending
+
+  def failing(run):
+    failure = check(run)
+    if run.config.seed == 6 and run.step == 8:
+      return stability.Event('failure', 8, 9.9, why='a test failure')
+    return failure
+  monkeypatch.setattr(loop, '_check_pending', failing)
+  dirs = rundir.seed_workdirs(str(tmp_path / 'seeds_{seed}'), [5, 6])
+  with pytest.raises(loop.TrainingStopped, match='1 of 2 seeds stopped') as e:
+    seeds_lib.run(tiny_config(**{**EXTRA, 'train.eval_every': 4}), dirs)
+  assert 'seed 6 stopped at step 8: a test failure' in str(e.value)
+  assert f'python main.py --workdir={dirs[6]}' in str(e.value)
+  assert rundir.checkpoint_steps(dirs[5]) == [6, 12] and max(read_metrics(dirs[5])) == STEPS
+  # as in a single run, the failing step's row is not written
+  assert rundir.checkpoint_steps(dirs[6]) == [6] and max(read_metrics(dirs[6])) == 7
+  assert sorted(read_metrics(dirs[5], 'val')) == [4, 8, 12]
+  assert sorted(read_metrics(dirs[6], 'val')) == [4]
+  monkeypatch.setattr(loop, '_check_pending', check)
+  out = subprocess.run([sys.executable, 'main.py', f'--workdir={dirs[6]}'], cwd=REPO,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert 'resuming at step 6' in out.stdout and rundir.latest_step(dirs[6]) == STEPS
