@@ -55,6 +55,18 @@ class Run:
             f'--config.seed={self.seed}'] + [f'--config.{k}={_flag(v)}' for k, v in self.overrides]
 
 
+def seeds_train_args(runs, scale: str, workdir: str) -> list[str]:
+  """main.py's arguments that train the seeds of `runs` (one group: one variant and overrides)
+  as one program (--seeds); `workdir` holds {seed}, where each seed's number goes."""
+  first = runs[0]
+  if any((r.group, r.variant, r.overrides) != (first.group, first.variant, first.overrides)
+         for r in runs):
+    raise ValueError(f'seeds_train_args: {[r.name for r in runs]} are not one group.')
+  return ['main.py', f'--config=configs/{first.variant}.py:{scale}', f'--workdir={workdir}',
+          '--seeds=' + ','.join(str(r.seed) for r in runs)] + [
+              f'--config.{k}={_flag(v)}' for k, v in first.overrides]
+
+
 @dataclasses.dataclass
 class Experiment:
   name: str

@@ -79,6 +79,9 @@ flags.DEFINE_float('top_p', 1.0, '--mode=sample: nucleus sampling keeps this pro
 flags.DEFINE_integer('sample_seed', 0, '--mode=sample: the seed of the samples.')
 flags.DEFINE_integer('step', None, '--mode=sample / export: the checkpoint step (default: the '
                      'latest).')
+flags.DEFINE_list('seeds', [], '--mode=train: several seeds of the config trained as one program '
+                  '(e.g. --seeds=0,1,2), each in its own run directory: --workdir with {seed} '
+                  'replaced, or --workdir/s<seed>.')
 FLAGS = flags.FLAGS
 
 
@@ -166,7 +169,16 @@ def _args(rest) -> modes.Args:
       remote_code_dir=FLAGS.remote_code_dir,
       prompts=tuple(FLAGS.prompt), max_new_tokens=FLAGS.max_new_tokens,
       temperature=FLAGS.temperature, top_p=FLAGS.top_p, sample_seed=FLAGS.sample_seed,
-      step=FLAGS.step)
+      step=FLAGS.step, seeds=_seeds(FLAGS.seeds))
+
+
+def _seeds(values) -> tuple:
+  """--seeds as integers (a one-paragraph error for anything else)."""
+  try:
+    return tuple(int(v) for v in values)
+  except ValueError:
+    _fail(f'Error in the command line: --seeds={",".join(values)}: give integer seeds separated '
+          'by commas, e.g. --seeds=0,1,2.')
 
 
 def dispatch(args: modes.Args):
@@ -180,10 +192,15 @@ def dispatch(args: modes.Args):
   if mode.distributed:
     from gated_attention import distributed  # pylint: disable=g-import-not-at-top
     distributed.initialize(args.config.distributed)
+  if args.seeds and mode.name != 'train':
+    sys.exit(f'--seeds trains several seeds at once; --mode={mode.name} opens one run: pass '
+             'that seed\'s directory as --workdir.')
   from gated_attention import compilation_cache  # pylint: disable=g-import-not-at-top
   compilation_cache.enable(args.config.get('compilation_cache', ''))
   if mode.name == 'train' and not FLAGS['verbosity'].present:
-    _libraries_log_to(os.path.join(args.workdir, rundir.LOGS_DIR))
+    first = (next(iter(rundir.seed_workdirs(args.workdir, args.seeds).values())) if args.seeds
+             else args.workdir)    # several seeds: the libraries' logs go to the first's logs/
+    _libraries_log_to(os.path.join(first, rundir.LOGS_DIR))
   mode.load().main(args)
 
 

@@ -238,3 +238,46 @@ def test_committed_experiment_files_load_and_name_real_config_fields(name):
       for part in key.split('.'):
         assert part in node, f'{name}: {key} is not a config field of {r.variant}'
         node = node[part]
+
+
+SEEDS_EXPERIMENT = EXPERIMENT.replace("VARIANTS = ['baseline', 'g1_elementwise']",
+                                      "VARIANTS = ['g1_elementwise']").replace(
+                                          'SEEDS = [0]', 'SEEDS = [0, 1]')
+
+
+def test_a_groups_seeds_are_one_unit_unless_batching_is_off(tmp_path):
+  path = tmp_path / 'seeds.py'
+  path.write_text(SEEDS_EXPERIMENT)
+  experiment = spec.load(str(path), report.METRICS)
+  out = str(tmp_path / 'out')
+  (unit,) = run._units(experiment, experiment.runs, out, True)
+  assert [r.name for r in unit] == ['g1_elementwise_s0', 'g1_elementwise_s1']
+  assert [len(u) for u in run._units(experiment, experiment.runs, out, False)] == [1, 1]
+  assert [len(u) for u in run._units(experiment, experiment.runs[:1], out, True)] == [1]
+  args = spec.seeds_train_args(unit, 'tiny', os.path.join(out, 'runs', 'g1_elementwise_s{seed}'))
+  single = unit[0].train_args('tiny', os.path.join(out, 'runs', 'g1_elementwise_s0'))
+  assert '--seeds=0,1' in args and not any(a.startswith('--config.seed=') for a in args)
+  assert args[4:] == single[4:]                # the same overrides as each seed's single run
+  os.makedirs(os.path.join(out, 'runs', 'g1_elementwise_s1', 'checkpoints', '5'))
+  assert [len(u) for u in run._units(experiment, experiment.runs, out, True)] == [1, 1]
+
+
+@pytest.mark.slow  # one batched training and two analyses in subprocesses (~40 s)
+def test_seeds_of_a_group_train_as_one_program(tmp_path):
+  path, out = tmp_path / 'seeds.py', tmp_path / 'out'
+  path.write_text(SEEDS_EXPERIMENT)
+  assert run.main([str(path), '--out', str(out), '--batch-seeds']) == 0
+  log = out / 'runs' / 'g1_elementwise.seeds.log'
+  assert '--seeds=0,1' in log.read_text()
+  for seed in (0, 1):
+    workdir = out / 'runs' / f'g1_elementwise_s{seed}'
+    state = json.loads((workdir / 'runner.json').read_text())
+    assert state['status'] == 'done' and state['seeds_exit'] == 0
+    assert f'--config.seed={seed}' in state['command'] and '--seeds=0,1' in state['seeds_command']
+    assert state['train_seconds'] == pytest.approx(state['seeds_seconds'] / 2)
+    assert not (workdir / 'train.log').exists()   # trained in the batch, not alone
+    assert (workdir / 'analysis' / 'report.json').is_file()
+    assert json.loads((workdir / 'config.json').read_text())['seed'] == seed
+  size = log.stat().st_size
+  assert run.main([str(path), '--out', str(out), '--batch-seeds']) == 0   # done: not again
+  assert log.stat().st_size == size

@@ -946,6 +946,10 @@ def test_nonfinite_values_are_caught_without_checksums(tmp_path, monkeypatch):
     pytest.param(['--mode=compile', '--topology=v5p:0x0'],
                  "the chip grid '0x0' is not positive integers", id='topology_0x0'),
     pytest.param(['--mode=compile'], '--mode=compile needs --topology', id='no_topology'),
+    pytest.param(['--workdir={bad_config}.d', '--seeds=1,1'], '--seeds=1,1: give one or more '
+                 'distinct integer seeds', id='seeds_repeated'),
+    pytest.param(['--workdir={bad_config}.d', '--seeds=a,2'], '--seeds=a,2: give integer seeds',
+                 id='seeds_not_integers'),
 ])
 def test_command_line_errors_are_one_paragraph(tmp_path, env, flags, message):
   bad = tmp_path / 'bad_config.py'

@@ -35,6 +35,7 @@ class Args:
   top_p: float = 1.0
   sample_seed: int = 0
   step: int | None = None
+  seeds: tuple = ()                   # --seeds: several seeds trained as one program
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,29 +1,37 @@
 """--mode=train (the default): trains in --workdir, resuming from its latest checkpoint.
 
 Without --config, a workdir that holds a run continues with its saved config (plus the command
-line's --config.x overrides).
+line's --config.x overrides). With --seeds=0,1,2 the seeds train as one program
+(training/seeds.py), each in its own run directory (runs/rundir.py seed_workdirs); without
+--config they continue with the saved config of the first seed's directory.
 """
 
 import os
 
 from gated_attention.runs import rundir
 from gated_attention.training import loop
+from gated_attention.training import seeds
 
 
-def train_config(args):
-  """The --config given; without one, the saved config of a workdir that holds a run, with the
-  command line's overrides."""
-  saved = os.path.join(args.workdir, rundir.CONFIG_FILE)
+def train_config(args, workdir: str | None = None):
+  """The --config given; without one, the saved config of a workdir that holds a run (`workdir`,
+  default --workdir), with the command line's overrides."""
+  workdir = workdir or args.workdir
+  saved = os.path.join(workdir, rundir.CONFIG_FILE)
   if args.config_given or not os.path.isfile(saved):
     return args.config
-  resumed = rundir.read_config(args.workdir)
+  resumed = rundir.read_config(workdir)
   resumed.update_from_flattened_dict(dict(args.overrides))
   overrides = args.overrides
-  print(f'No --config given: continuing with the saved config of {args.workdir} '
+  print(f'No --config given: continuing with the saved config of {workdir} '
         f'({resumed.variant}:{resumed.scale}{", with overrides " if overrides else ""}'
         f'{", ".join(f"{k}={v}" for k, v in overrides.items())}).', flush=True)
   return resumed
 
 
 def main(args):
-  loop.run(train_config(args), args.workdir)
+  if args.seeds:
+    workdirs = rundir.seed_workdirs(args.workdir, args.seeds)
+    seeds.run(train_config(args, next(iter(workdirs.values()))), workdirs)
+  else:
+    loop.run(train_config(args), args.workdir)

@@ -9,6 +9,9 @@
     RUN/logs/                the libraries' own log files during training
     RUN/trainer.lock         the one trainer writing the run (lock.py)
 
+Several seeds trained as one program (--seeds, training/seeds.py) write one such directory per
+seed (`seed_workdirs`): each is a run of its own, resumed or analysed like any other.
+
 Every mode, the notebook and the experiment runner open runs through this module:
 
     run = load_run('runs/g1')                   # config, verified params, model, tokenizer, metrics
@@ -115,6 +118,21 @@ def read_saved_config(workdir: str) -> dict | None:
     return base_config.from_saved(saved, source=path).to_dict()
   except ConfigError as e:
     raise CheckpointError(f'{e} Or use a new --workdir.') from e
+
+
+SEED_FIELD = '{seed}'             # in --workdir with --seeds: where each seed's number goes
+
+
+def seed_workdirs(workdir: str, seeds) -> dict[int, str]:
+  """Each seed's run directory for `--workdir=workdir --seeds=...` (training/seeds.py): workdir
+  with {seed} replaced by the seed, or without {seed} workdir/s<seed>."""
+  seeds = [int(s) for s in seeds]
+  if not seeds or len(set(seeds)) != len(seeds):
+    raise ConfigError(f'--seeds={",".join(map(str, seeds))}: give one or more distinct integer '
+                      'seeds, e.g. --seeds=0,1,2 (each is a run directory of its own).')
+  if SEED_FIELD in workdir:
+    return {s: workdir.replace(SEED_FIELD, str(s)) for s in seeds}
+  return {s: os.path.join(workdir, f's{s}') for s in seeds}
 
 
 def check_workdir(workdir: str):

@@ -151,25 +151,28 @@ def _say(text: str):
     print(text, flush=True)
 
 
-def _start(config, workdir: str) -> _Run:
+def _start(config, workdir: str, setup: train_lib.Setup | None = None) -> _Run:
   """Data, mesh, compiled steps; the state from scratch, a warm start, or the latest intact
-  checkpoint."""
+  checkpoint. `setup`: one already built for this config (seeds.py shares one among seeds);
+  None builds it."""
   check_loop_config(config)
   workdir_lib.check_workdir(workdir)
   lock = lock_lib.RunLock(workdir)
   lock.acquire(warn=_say)                          # one trainer per run, before any write
   try:
-    return _start_locked(config, workdir, lock)
+    return _start_locked(config, workdir, lock, setup)
   except BaseException:
     lock.release()
     raise
 
 
-def _start_locked(config, workdir: str, lock: lock_lib.RunLock) -> _Run:
+def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
+                  setup: train_lib.Setup | None = None) -> _Run:
   """_start's work once this trainer holds the run directory's lock."""
   tc = config.train
   data = _build_data(config)
-  setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
+  if setup is None:
+    setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
   data.train_iter = prefetch.DevicePrefetch(data.train_iter, setup.global_batch,
                                             config.data.get('device_prefetch', 2))
   checkpointer = ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
@@ -309,6 +312,40 @@ def _say_not_saved(run: _Run):
       '--config.train.learning_rate (or raise warmup_steps / grad_clip) and resume.')
 
 
+def _due(run: _Run) -> list[bool]:
+  """Whether the step just taken is a [log, eval, save] point (the last step is all three)."""
+  tc, last = run.config.train, run.step == run.config.train.steps
+  return [run.step % tc.log_every == 0 or last, run.step % tc.eval_every == 0 or last,
+          run.checkpointer.should_save(run.step) or last]
+
+
+def _log_evaluate_save(run: _Run, metrics, throughput: Throughput, due: list[bool]):
+  """The train row, the validation row and the checkpoint of the step just taken, as `due`
+  says (after the guard saw it); returns the validation row or None, and whether it saved."""
+  val, saved = None, False
+  if due[0]:
+    _log_train(run, metrics, throughput)
+  else:
+    run.progress.update(run.step, None)
+  if due[1]:
+    val = _evaluate_and_log(run)
+    throughput.reset()
+  if due[2] and run.guard.calm:                    # never a state taken while spiking
+    run.save()
+    saved = True
+  elif due[2] and run.step == run.config.train.steps:
+    _say_not_saved(run)
+  return val, saved
+
+
+def _save_on_interrupt(run: _Run, signum, saved: bool):
+  """A signal stopped the loop: the state is saved unless it just was or is not calm."""
+  if not saved and _check_pending(run) is None and run.guard.calm:
+    run.save()
+  run.progress.write(f'Interrupted (signal {signum}) at step {run.step}: '
+                     'checkpoint saved; run the same command again to resume.')
+
+
 def _train(run: _Run, interrupt: _Interrupt) -> dict:
   """Steps until the end or a signal; returns the last validation row."""
   tc, setup = run.config.train, run.setup
@@ -321,32 +358,18 @@ def _train(run: _Run, interrupt: _Interrupt) -> dict:
       batch = next(run.data.train_iter)            # global arrays, on the devices (prefetch.py)
       throughput.tick(data_wait=time.perf_counter() - start)
       metrics = _step(run, batch)
-      last = run.step == tc.steps
-      due = [run.step % tc.log_every == 0 or last, run.step % tc.eval_every == 0 or last,
-             run.checkpointer.should_save(run.step) or last]
+      due = _due(run)
       if any(due):
         failure = _check_pending(run)
         if failure is not None:
           _recover(run, failure)
           throughput.reset()
           continue
-      if due[0]:
-        _log_train(run, metrics, throughput)
-      else:
-        run.progress.update(run.step, None)
-      if due[1]:
-        val = _evaluate_and_log(run)
-        throughput.reset()
-      if due[2] and run.guard.calm:                # never a state taken while spiking
-        run.save()
-        last_saved = run.step
-      elif due[2] and last:
-        _say_not_saved(run)
+      new_val, saved = _log_evaluate_save(run, metrics, throughput, due)
+      val = new_val if new_val is not None else val
+      last_saved = run.step if saved else last_saved
     if interrupt.signal is not None:
-      if last_saved != run.step and _check_pending(run) is None and run.guard.calm:
-        run.save()
-      run.progress.write(f'Interrupted (signal {interrupt.signal}) at step {run.step}: '
-                         'checkpoint saved; run the same command again to resume.')
+      _save_on_interrupt(run, interrupt.signal, last_saved == run.step)
   return val
 
 
@@ -360,9 +383,16 @@ def run(config, workdir: str) -> dict:
     val = _train(state, interrupt)
   finally:
     interrupt.restore()
-    state.data.train_iter.shutdown()
-    state.checkpointer.close()
-    state.progress.close()
-    state.writer.close()
-    state.lock.release()
+    _close(state)
   return val or {}
+
+
+def _close(run: _Run):
+  """Stops the prefetch thread, waits for the last save, closes the files, frees the lock."""
+  try:
+    run.data.train_iter.shutdown()
+    run.checkpointer.close()
+  finally:
+    run.progress.close()
+    run.writer.close()
+    run.lock.release()

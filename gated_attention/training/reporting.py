@@ -122,11 +122,12 @@ def _jsonable(v):
 
 
 class Progress:
-  """A tqdm bar with ETA on a terminal; plain log lines otherwise."""
+  """A tqdm bar with ETA on a terminal; plain log lines otherwise. With a `prefix` (one of several
+  seeds trained together, training/seeds.py) always plain lines, each starting with it."""
 
-  def __init__(self, start: int, total: int):
-    self.bar = None
-    if jax.process_index() == 0 and sys.stdout.isatty():
+  def __init__(self, start: int, total: int, prefix: str = ''):
+    self.bar, self.prefix = None, prefix
+    if jax.process_index() == 0 and sys.stdout.isatty() and not prefix:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
       self.bar = tqdm(total=total, initial=start, unit='step', dynamic_ncols=True)
     self.t0, self.start, self.total = time.time(), start, total
@@ -139,7 +140,7 @@ class Progress:
     elif line and jax.process_index() == 0:
       done = step - self.start
       eta = (time.time() - self.t0) / max(done, 1) * (self.total - step)
-      print(f'step {step}/{self.total} {line} eta {eta:.0f}s', flush=True)
+      print(f'{self.prefix}step {step}/{self.total} {line} eta {eta:.0f}s', flush=True)
 
   def write(self, text: str):
     if jax.process_index() != 0:
@@ -147,7 +148,7 @@ class Progress:
     if self.bar is not None:
       self.bar.write(text)
     else:
-      print(text, flush=True)
+      print(self.prefix + text, flush=True)
 
   def close(self):
     if self.bar is not None:

@@ -195,10 +195,13 @@ class Setup(factory_lib.ModelFactory):
     tc, replicated, bos = self.cfg.train, self.replicated, self.document_bos
     self.init_fn = jax.jit(self.with_rules(self._init), out_shardings=(self.param_shardings,
                                                                         self.opt_shardings))
+    # The step before jit: (params, opt_state, batch, lr_scale) -> (params, opt_state, metrics);
+    # training/seeds.py maps it over a leading seed axis.
+    self.train_step_fn = functools.partial(train_step, graphdef=self.graphdef, tc=tc,
+                                           pools_stats=self.model_cfg.pools_ffn_stats,
+                                           optimizer=self.optimizer, document_bos=bos)
     self.train_step = self.jit(
-        functools.partial(train_step, graphdef=self.graphdef, tc=tc,
-                          pools_stats=self.model_cfg.pools_ffn_stats,
-                          optimizer=self.optimizer, document_bos=bos),
+        self.train_step_fn,
         in_shardings=(self.param_shardings, self.opt_shardings, self.batch_sharding),
         out_shardings=(self.param_shardings, self.opt_shardings, replicated),
         static_argnums=(3,), donate_argnums=(0, 1))
