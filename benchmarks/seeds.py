@@ -16,6 +16,7 @@ Two measurements, both of the sink task's model (experiments/sink_synthetic.py's
      equal.
 
   python -m benchmarks.seeds [--seeds=3] [--train_steps=300] [--rounds=5] [--steps=10]
+                             [--program=auto|unrolled|vmap]
                              [--skip_runs] [--workdir=DIR] [--json=FILE]
 """
 
@@ -39,7 +40,8 @@ from gated_attention.training import train as train_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def sink_config(variant: str = 'g1_elementwise', steps: int = 300, seed: int = 0):
+def sink_config(variant: str = 'g1_elementwise', steps: int = 300, seed: int = 0,
+                program: str = 'auto'):
   """configs/<variant>.py:tiny with experiments/sink_synthetic.py's OVERRIDES, `steps` steps."""
   path = os.path.join(REPO, 'experiments', 'sink_synthetic.py')
   spec = importlib.util.spec_from_file_location('_sink_synthetic', path)
@@ -51,6 +53,7 @@ def sink_config(variant: str = 'g1_elementwise', steps: int = 300, seed: int = 0
   vspec.loader.exec_module(vmodule)
   c = vmodule.get_config('tiny')
   c.update_from_flattened_dict({**module.OVERRIDES, 'train.steps': steps, 'seed': seed,
+                                'train.seeds_program': program,
                                 'train.eval_every': min(steps, module.OVERRIDES[
                                     'train.eval_every']),
                                 'train.checkpoint_every': steps})
@@ -58,7 +61,8 @@ def sink_config(variant: str = 'g1_elementwise', steps: int = 300, seed: int = 0
 
 
 def time_steps(config, num_seeds: int, rounds: int, steps: int) -> dict:
-  """Measurement 1: median seconds of `num_seeds` single steps and of one batched step."""
+  """Measurement 1: median seconds of `num_seeds` single steps and of one batched step (the
+  program of config.train.seeds_program)."""
   setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
   stacked = seeds_lib.Stacked(setup)
   B, T, V = config.train.batch_size, config.data.seq_len, config.model.vocab_size
@@ -87,7 +91,8 @@ def time_steps(config, num_seeds: int, rounds: int, steps: int) -> dict:
       batched_s.append((time.perf_counter() - start) / steps)
   one, many = float(np.median(single_s[1:])), float(np.median(batched_s[1:]))
   return {'seeds': num_seeds, 'single_steps_s': one, 'batched_step_s': many,
-          'speedup': one / many, 'rounds': rounds, 'steps_per_round': steps}
+          'speedup': one / many, 'rounds': rounds, 'steps_per_round': steps,
+          'program': stacked.program}
 
 
 def _series(workdir, split, key):
@@ -122,11 +127,11 @@ def compare_runs(batched: str, single: str) -> dict:
   return out
 
 
-def time_runs(num_seeds: int, train_steps: int, root: str) -> dict:
+def time_runs(num_seeds: int, train_steps: int, root: str, program: str = 'auto') -> dict:
   """Measurement 2: seeds.run of the seeds against loop.run of each, wall time and numbers."""
   dirs = rundir.seed_workdirs(os.path.join(root, 'batched'), range(num_seeds))
   start = time.perf_counter()
-  seeds_lib.run(sink_config(steps=train_steps), dirs)
+  seeds_lib.run(sink_config(steps=train_steps, program=program), dirs)
   batched = time.perf_counter() - start
   singles, per_seed = {}, {}
   for s in range(num_seeds):
@@ -150,14 +155,16 @@ def main():
   p.add_argument('--skip_runs', action='store_true', help='measurement 1 only')
   p.add_argument('--workdir', help='where the runs go (default: a temporary directory, removed)')
   p.add_argument('--json', help='also write the results to this file')
+  p.add_argument('--program', default='auto', choices=seeds_lib.PROGRAMS,
+                 help="config.train.seeds_program ('auto': unrolled on CPU, vmap elsewhere)")
   a = p.parse_args()
   result = {'device': jax.devices()[0].device_kind}
-  result['step'] = time_steps(sink_config(), a.seeds, a.rounds, a.steps)
+  result['step'] = time_steps(sink_config(program=a.program), a.seeds, a.rounds, a.steps)
   print(json.dumps(result['step']), flush=True)
   if not a.skip_runs:
     root = a.workdir or tempfile.mkdtemp(prefix='bench_seeds_')
     try:
-      result['runs'] = time_runs(a.seeds, a.train_steps, root)
+      result['runs'] = time_runs(a.seeds, a.train_steps, root, a.program)
     finally:
       if not a.workdir:
         shutil.rmtree(root, ignore_errors=True)

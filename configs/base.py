@@ -166,6 +166,9 @@ def _train_fields() -> dict:
       steps=600,
       batch_size=_iterator(16),  # global batch, in sequences
       grad_accum=1,             # micro-batches per step (batch_size must divide)
+      seeds_program='auto',     # main.py --seeds: 'unrolled' (each seed's step in one program:
+                                # bitwise a separate run's), 'vmap' (one batched step: float32
+                                # rounding apart), 'auto' (unrolled on CPU, vmap on accelerators)
       learning_rate=3e-3,
       min_learning_rate=3e-5,
       warmup_steps=60,

@@ -14,12 +14,14 @@ or all stopped at the same step, train as one program first (`main.py --seeds=0,
 training/seeds.py; log <out>/runs/<group>.seeds.log), then each is analysed as above: its
 runner.json keeps its own single-run command (what resuming it alone runs), the batched command,
 and its share of the batched wall time as train_seconds. A seed the batch did not finish (a
-failure) trains on alone with its single-run command. It is off by default: measured on the
-2-core CPU (benchmarks/seeds.py, sink task, 3 seeds x 300 steps) the batched step is 0.85x the
-speed of three single steps; the runner's wall time is 1.20x faster (83 s against 100 s; training
-65 s against 82 s) only through fewer process starts and compiles; and each seed's numbers equal its separate run only to float32 rounding,
-which the sink task's lr 1e-2 amplifies over 300 steps (final F-Attn 0.11 vs 0.01 for one seed):
-a batched seed is another sample of the same run, not a replica of the published one.
+failure) trains on alone with its single-run command. On CPU the batched program is
+config.train.seeds_program='auto' = 'unrolled' (each seed's own step side by side in one
+program), whose numbers are bitwise those of the separate runs (the 4-run sink probe, 2 variants x
+2 seeds x 300 steps: every metrics.jsonl row equal); it is off by default because on the 2-core
+CPU it saves nothing once the fork server and the compilation cache are in (the probe: 89 s
+batched, 84.5 s one run at a time). With 'vmap' (accelerators' default) a seed equals its
+separate run only to float32 rounding, which the sink task's lr 1e-2 amplifies over 300 steps
+(final F-Attn 0.11 vs 0.01 for one seed).
 Experiments with LONG_CONTEXT then continue the run at a longer context (EXTEND, in
 <run>/extended/, log extend.log) and run `main.py --mode=long_context` once per label (log
 long_context.log); their tables and long_context.png follow the main table.
@@ -368,11 +370,14 @@ def run_all(experiment, runs, out: str, jobs: int, batch_seeds: bool = False,
   wall time against the training arithmetic of the runs trained now."""
   done = [0]
 
-  def one(run, t0):
+  def one(run, t0, batched=False):
     trained_before = report.read_runner(_workdir(out, run)).get('status') in ('done', 'diverged')
     state = execute(experiment, run, out, cache)
     if not trained_before and state['status'] == 'done':
-      arithmetic[0] += report.step_arithmetic(report.read(run, _workdir(out, run)).rows)
+      if batched:   # its rows time the seeds' shared step: not a single run's arithmetic
+        arithmetic[1] += 1
+      else:
+        arithmetic[0] += report.step_arithmetic(report.read(run, _workdir(out, run)).rows)
     done[0] += 1
     _log(f'[{done[0]}/{len(runs)}] {run.name}: {state["status"]} ({(time.time() - t0) / 60:.1f} '
          f'min now, {state.get("train_seconds", 0) / 60:.1f} min training in all)')
@@ -384,16 +389,20 @@ def run_all(experiment, runs, out: str, jobs: int, batch_seeds: bool = False,
       rc = train_seeds(experiment, members, out, cache)
       _log(f'{members[0].group}: seeds {", ".join(str(r.seed) for r in members)} trained as one '
            f'program ({"done" if rc == 0 else f"exit {rc}"}, {(time.time() - t0) / 60:.1f} min)')
-    return [one(r, t0) for r in members]
+    return [one(r, t0, len(members) > 1) for r in members]
 
-  arithmetic, start = [0.0], time.time()
+  arithmetic, start = [0.0, 0], time.time()   # seconds of the single runs; batched runs
   with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
     states = {s['run']: s for ss in pool.map(unit, _units(experiment, runs, out, batch_seeds))
               for s in ss}
-  if arithmetic[0]:
+  if arithmetic[0] and not arithmetic[1]:
     wall = time.time() - start
     _log(f'Runner: {wall:.0f} s for the runs trained now, whose training arithmetic (steps x '
          f'median step time) is {arithmetic[0]:.0f} s: {wall / arithmetic[0]:.2f}x.')
+  elif arithmetic[1]:
+    _log(f'Runner: {time.time() - start:.0f} s ({arithmetic[1]} runs trained with their seeds '
+         'batched: their rows time the shared step, so there is no single-run arithmetic to '
+         'compare with).')
   return [states[r.name] for r in runs]
 
 

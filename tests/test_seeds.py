@@ -34,12 +34,14 @@ def _params(workdir):
 
 
 @pytest.mark.slow  # ~11 s on the shared 2-core machine: two compiles of the step
-def test_the_vmapped_step_equals_the_single_step_per_seed():
-  """Setup.train_step on each seed alone against Stacked.train_step on both, 2 steps in memory."""
+@pytest.mark.parametrize('program', ['vmap', 'unrolled'])
+def test_the_stacked_step_equals_the_single_step_per_seed(program):
+  """Setup.train_step on each seed alone against Stacked.train_step on both, 2 steps in memory:
+  to float32 rounding (vmap), bit for bit (unrolled)."""
   cfg = tiny_config(**{'model.num_layers': 1, 'model.hidden_size': 32, 'model.num_heads': 2,
                        'model.num_kv_heads': 1, 'model.ffn_size': 64})
   setup = train_lib.Setup(cfg, sharding.build_mesh(cfg.mesh))
-  stacked = seeds_lib.Stacked(setup)
+  stacked = seeds_lib.Stacked(setup, program)
   rng = np.random.default_rng(0)
   B, T, V = cfg.train.batch_size, cfg.data.seq_len, 256
   batches = [[{'inputs': rng.integers(0, V, (B, T), dtype=np.int32),
@@ -65,6 +67,10 @@ def test_the_vmapped_step_equals_the_single_step_per_seed():
     for a, b in zip(jax.tree.leaves((taken, taken_opt)), jax.tree.leaves((params, opt))):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=PARAM_ATOL, rtol=1e-4)
     assert jax.tree.leaves(taken)[0].sharding == jax.tree.leaves(setup.param_shardings)[0]
+    if program == 'unrolled':
+      assert [float(l[i]) for l in losses_S] == losses
+      for a, b in zip(jax.tree.leaves((taken, taken_opt)), jax.tree.leaves((params, opt))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert losses_S[0][0] != losses_S[0][1]   # two seeds, two models
 
 
@@ -104,6 +110,12 @@ def test_each_seed_is_a_run_equal_to_its_separate_run(batched_and_single):
     assert step_a == step_b == STEPS
     diff = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
                for x, y in zip(jax.tree.leaves(p_a), jax.tree.leaves(p_b)))
+    # On CPU, seeds_program='auto' is the unrolled program: bit for bit a separate run's.
+    assert diff == 0.0
+    for key in ('loss', 'grad_norm', 'param_norm', 'update_norm'):
+      assert [got[k][key] for k in sorted(got)] == [want[k][key] for k in sorted(want)], key
+    for key in ('loss', 'f_attn_mean', 'm_act_mean', 'gate_score_mean'):
+      assert val_a[12][key] == val_b[12][key], key
     assert diff <= PARAM_ATOL, f'seed {s}: params differ by {diff}'
     losses[s] = [got[k]['loss'] for k in sorted(got)]
   assert losses[3] != losses[4]          # the seeds are different runs
@@ -125,6 +137,11 @@ def test_a_seed_directory_resumes_alone_with_main(batched_and_single, tmp_path):
 
 
 def test_bad_seeds_are_refused(tmp_path):
+  mesh = sharding.build_mesh(tiny_config().mesh)
+  assert seeds_lib.resolve_program('auto', mesh) == 'unrolled'        # a CPU mesh
+  assert seeds_lib.resolve_program('vmap', mesh) == 'vmap'
+  with pytest.raises(ConfigError, match=r"seeds_program='scan' is not one of"):
+    seeds_lib.resolve_program('scan', mesh)
   with pytest.raises(ConfigError, match='distinct'):
     rundir.seed_workdirs(str(tmp_path), [1, 1])
   with pytest.raises(ConfigError, match='distinct'):

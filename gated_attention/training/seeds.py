@@ -3,16 +3,21 @@
     seeds.run(config, {0: 'runs/g1_s0', 1: 'runs/g1_s1'})   # main.py --seeds=0,1 --workdir=...
 
 Parameters, optimizer states and batches are stacked on a leading seed axis [S, ...] (its
-sharding: None, then the single run's), and `jax.vmap` of train.Setup's step trains them all in
-one jitted call. Everything else is the single run's (loop.py), once per seed: its own config
+sharding: None, then the single run's), and one jitted call trains them all
+(`config.train.seeds_program`): `jax.vmap` of train.Setup's step ('vmap'), or each seed's own
+step side by side in one program ('unrolled': the single run's computation per seed, so its
+numbers are bitwise a separate run's; 'auto' picks it on CPU, vmap on accelerators, where one
+batched step fills the chip). Everything else is the single run's (loop.py), once per seed: its own config
 (config.seed fixes the initialisation, the data order and the dropout), data iterator, run
 directory (config.json, metrics.jsonl, checkpoints in the same orbax format), stability guard
 and trainer lock; the rows, evaluations and checkpoints are made by loop.py's functions on that
 seed's slice (evaluation compiles once: one Setup serves every seed). So each seed's directory
 is an ordinary run: `main.py --workdir=<seed dir>` resumes it alone, `--mode=analyze` opens it.
 
-The numbers equal separate runs up to float32 rounding, not bitwise: XLA's batched kernels sum
-in another order. Measured (benchmarks/seeds.py, 2-core CPU): after 12-20 steps the parameters
+With 'vmap' the numbers equal separate runs up to float32 rounding, not bitwise: XLA's batched
+kernels sum in another order. With 'unrolled' they are bitwise equal (tests/test_seeds.py), and on
+the 2-core CPU its step of 3 sink-task seeds ran at 0.98x the speed of 3 single steps (141.8 ms
+against 139.2 ms; vmap's 161.5 ms, 0.86x, in the same process). The vmap figures: Measured (benchmarks/seeds.py, 2-core CPU): after 12-20 steps the parameters
 differ by at most 2.4e-7 (absolute), the per-step losses by at most 3e-7 (relative), validation
 loss / F-Attn / M-Act by 3e-8 / 2e-8 / 7e-7. Training amplifies rounding: on the sink task
 (lr 1e-2, 300 steps, 3 seeds) the per-step losses drift apart by up to 0.017 and the final
@@ -43,6 +48,19 @@ from gated_attention.training import train as train_lib
 from gated_attention.training.reporting import Progress, Throughput
 
 
+PROGRAMS = ('auto', 'unrolled', 'vmap')
+
+
+def resolve_program(program: str, mesh) -> str:
+  """config.train.seeds_program on this mesh: 'auto' is 'unrolled' on CPU, else 'vmap'."""
+  if program not in PROGRAMS:
+    raise ConfigError(f'config.train.seeds_program={program!r} is not one of {PROGRAMS} '
+                      "('unrolled': bitwise a separate run per seed; 'vmap': one batched step).")
+  if program != 'auto':
+    return program
+  return 'unrolled' if mesh.devices.flat[0].platform == 'cpu' else 'vmap'
+
+
 def _stacked(s: NamedSharding) -> NamedSharding:
   """The sharding of [S, ...]: the seed axis replicated, the rest as `s`."""
   return NamedSharding(s.mesh, P(None, *s.spec))
@@ -52,21 +70,29 @@ class Stacked:
   """The jitted functions over the seed axis of one Setup: the vmapped training step, and
   stacking / slicing of parameters, optimizer states and batches (explicit shardings)."""
 
-  def __init__(self, setup: train_lib.Setup):
+  def __init__(self, setup: train_lib.Setup, program: str | None = None):
+    """`program`: 'vmap' or 'unrolled' (None: config.train.seeds_program; see the module)."""
     self.setup = setup
+    self.program = program = resolve_program(
+        program or setup.cfg.train.get('seeds_program', 'auto'), setup.mesh)
     params_sh = jax.tree.map(_stacked, setup.param_shardings)
     opt_sh = jax.tree.map(_stacked, setup.opt_shardings)
     batch_sh = _stacked(setup.batch_sharding)
     step = setup.train_step_fn
+    stack = lambda trees: jax.tree.map(lambda *x: jnp.stack(x), *trees)  # noqa: E731
+    take = lambda tree, i: jax.tree.map(lambda x: x[i], tree)  # noqa: E731
 
     def train_step(params_S, opt_state_S, batch_S, lr_scale: float):
-      return jax.vmap(lambda p, o, b: step(p, o, b, lr_scale))(params_S, opt_state_S, batch_S)
+      if program == 'vmap':
+        return jax.vmap(lambda p, o, b: step(p, o, b, lr_scale))(params_S, opt_state_S, batch_S)
+      num_seeds = jax.tree.leaves(params_S)[0].shape[0]
+      outs = [step(take(params_S, i), take(opt_state_S, i), take(batch_S, i), lr_scale)
+              for i in range(num_seeds)]
+      return tuple(stack([o[j] for o in outs]) for j in range(3))
 
     self.train_step = setup.jit(train_step, in_shardings=(params_sh, opt_sh, batch_sh),
                                 out_shardings=(params_sh, opt_sh, setup.replicated),
                                 static_argnums=(3,), donate_argnums=(0, 1))
-    stack = lambda trees: jax.tree.map(lambda *x: jnp.stack(x), *trees)  # noqa: E731
-    take = lambda tree, i: jax.tree.map(lambda x: x[i], tree)  # noqa: E731
     self.stack_state = jax.jit(stack, out_shardings=(params_sh, opt_sh))
     self.stack_batch = jax.jit(stack, out_shardings=batch_sh)
     self.take_params = jax.jit(take, out_shardings=setup.param_shardings)
