@@ -153,6 +153,7 @@ def _data_fields() -> dict:
           branching=8,          # successors per token in the random bigram transition matrix
           doc_len=0,            # tokens per document, BOS included (0: seq_len + 1, one per window)
           task_seed=0,          # draws the triggers and transition matrix (config.seed: the data)
+          copy_share=0.0,       # share of targets that follow a trigger (0: the chain decides)
       )),
   )
 

@@ -65,6 +65,74 @@ def _seconds(key):
   return lambda res: res.runner[key] / 60 if res.runner.get(key) is not None else None
 
 
+SINK_F_ATTN = 0.3  # a run "has a sink" when some layer's F-Attn reaches this (Gu et al. 2025's
+                   # threshold for a sink head; uniform causal attention at 128 tokens: 0.035)
+_SITE_ORDER = metrics_lib.M_ACT_SITES  # the order in which a layer writes them
+
+
+def m_act_origin(report: dict, share: float = 0.5) -> dict | None:
+  """Where a run's largest activation is born: the first (layer, site) in forward order whose
+  max |h| reaches `share` of the run's largest over all layers and sites, with the token there
+  (position, and its text when the analysis recorded it). The residual stream then carries it,
+  so the paper's M-Act (the layer outputs) shows it at every later layer."""
+  m_act, where = report.get('m_act') or {}, report.get('m_act_where') or {}
+  sites = [s for s in _SITE_ORDER if s in m_act]
+  if not sites:
+    return None
+  values = [(layer, site, m_act[site][layer]) for layer in range(len(m_act[sites[0]]))
+            for site in sites if m_act[site][layer] is not None]
+  if not values:
+    return None
+  peak = max(v for _, _, v in values)
+  layer, site, value = next(x for x in values if x[2] >= share * peak)
+  w = where.get(site, {})
+  token = w['token'][layer] if 'token' in w else None
+  text = w['token_text'][layer] if 'token_text' in w else None
+  return {'layer': layer, 'site': site, 'value': value, 'peak': peak, 'token': token,
+          'token_text': text, 'first_token': token == 0}
+
+
+def _origin(key):
+  def get(res: Result):
+    o = m_act_origin(res.report) if res.report else None
+    return None if o is None else o[key]
+  return get
+
+
+def _origin_label(res: Result):
+  o = m_act_origin(res.report) if res.report else None
+  return None if o is None else f'L{o["layer"]} {o["site"]}'
+
+
+def _m_act_ratio(res: Result):
+  """The largest over layers of max |h| / median |h| at the layer output (the paper's M-Act
+  site): how far the peak stands out of the layer's typical activation."""
+  rep = res.report or {}
+  site = metrics_lib.M_ACT_PAPER_SITE
+  maxes, medians = (rep.get('m_act') or {}).get(site), (rep.get('m_act_median') or {}).get(site)
+  if not maxes or not medians:
+    return None
+  return max(m / d for m, d in zip(maxes, medians) if m is not None and d)
+
+
+def _f_attn_max_during(res: Result):
+  """The largest F-Attn of any layer at any of the training loop's evaluations: a sink that
+  formed and went away shows here and not in the final analysis."""
+  values = [max(r['f_attn']) for r in res.rows
+            if r.get('split') == 'val' and isinstance(r.get('f_attn'), list) and r['f_attn']]
+  return max(values) if values else None
+
+
+def _has_sink(res: Result):
+  f = _from_report('f_attn', max)(res)
+  return None if f is None else float(f >= SINK_F_ATTN)
+
+
+def _copy_share(res: Result):
+  d = (res.report or {}).get('data_description') or {}
+  return d.get('trigger_fraction')
+
+
 # name -> (column heading, value of a Result (float, list for per-layer values, or None), format)
 METRICS = {
     'val_loss': ('val loss', _from_report('loss'), '.3f'),
@@ -79,6 +147,15 @@ METRICS = {
     # the guard's spikes as the analysis counts them (metrics.stability, every attempt's rows)
     'loss_spikes': ('loss spikes', _from_report('stability', lambda s: s['spikes']), '.1f'),
     'train_minutes': ('train min', _seconds('train_seconds'), '.1f'),
+    # seeds with a sink: some layer's F-Attn >= SINK_F_ATTN (a count over the seeds)
+    'sink_seeds': (f'seeds with F-Attn >= {SINK_F_ATTN}', _has_sink, 'count'),
+    # the synthetic task's measured share of targets that follow a trigger
+    'f_attn_max_during': ('F-Attn max during training', _f_attn_max_during, '.3f'),
+    'copy_share': ('copy share', _copy_share, '.3f'),
+    # the largest activation: the seeds whose peak is born on the first token (BOS), and where
+    'm_act_bos': ('M-Act peak on token 0', _origin('first_token'), 'count'),
+    'm_act_origin': ('M-Act peak born at', _origin_label, 'mode'),
+    'm_act_ratio': ('M-Act / median', _m_act_ratio, '.0f'),
 }
 
 
@@ -118,14 +195,26 @@ def read(run, workdir: str, experiment=None) -> Result:
   return Result(run, runner, report, runs_lib.read_metrics(workdir), long_context)
 
 
-def _cell(values: list, fmt: str) -> str:
+def _cell(values: list, fmt: str, per_seed: bool = False) -> str:
+  """mean ± std (sample std) of the values that are not None; `fmt` 'count': how many are
+  true out of how many; 'mode': each distinct value with its count. `per_seed`: each value
+  in seed order after the mean."""
   values = [v for v in values if v is not None]
   if not values:
     return '-'
+  if fmt == 'count':
+    return f'{int(sum(bool(v) for v in values))}/{len(values)}'
+  if fmt == 'mode':
+    counts = {v: values.count(v) for v in values}
+    return ', '.join(f'{v} ({n}/{len(values)})' for v, n in
+                     sorted(counts.items(), key=lambda kv: -kv[1]))
   if isinstance(values[0], list):  # per-layer: the mean over seeds of each layer
     return ' / '.join(format(x, fmt) for x in np.mean(np.asarray(values, float), axis=0))
   mean = format(float(np.mean(values)), fmt)
-  return mean if len(values) == 1 else f'{mean} ± {format(float(np.std(values, ddof=1)), fmt)}'
+  if len(values) == 1:
+    return mean
+  cell = f'{mean} ± {format(float(np.std(values, ddof=1)), fmt)}'
+  return cell + f' ({", ".join(format(v, fmt) for v in values)})' if per_seed else cell
 
 
 def _runs_cell(results: list[Result]) -> str:
@@ -145,7 +234,8 @@ def table(experiment, results: list[Result]) -> str:
   lines = ['| ' + ' | '.join(heads) + ' |', '|' + '---|' * len(heads)]
   for group, rs in by_group(experiment, results).items():
     done = [r for r in rs if r.status == 'done']
-    cells = [_cell([METRICS[c][1](r) for r in done], METRICS[c][2]) for c in experiment.columns]
+    cells = [_cell([METRICS[c][1](r) for r in done], METRICS[c][2], c in experiment.per_seed)
+             for c in experiment.columns]
     lines.append('| ' + ' | '.join([group, _runs_cell(rs)] + cells) + ' |')
   return '\n'.join(lines)
 
@@ -160,7 +250,9 @@ def summary(experiment, results: list[Result]) -> dict:
       values = [get(r) for r in done]
       entry[name] = {'values': values}
       kept = [v for v in values if v is not None]
-      if kept:
+      if kept and METRICS[name][2] in ('count', 'mode'):
+        entry[name]['cell'] = _cell(kept, METRICS[name][2])
+      elif kept:
         arr = np.asarray(kept, float)
         entry[name].update(mean=np.mean(arr, axis=0).tolist(),
                            std=(np.std(arr, axis=0, ddof=1) if len(kept) > 1

@@ -10,6 +10,10 @@ An experiment is a Python file under experiments/ with these module-level names:
   VARIANT_OVERRIDES = {'g1_elementwise': {...}}  # optional: extra overrides of one variant
   ANALYZE_OVERRIDES = {'data.val_batches': 8}    # optional: --config.X of --mode=analyze
   COLUMNS = ['val_loss', 'f_attn_mean', ...]     # table columns (experiments/report.py METRICS)
+  PER_SEED = ['f_attn_max']                      # optional: columns that list each seed's value
+  POINTS = [{'model.num_heads': 2}, {...}]       # optional: one group per dict of overrides
+                                                 # (a one-factor-at-a-time sweep; with GRID,
+                                                 # every point x every grid combination)
   TITLE = '...'; DESCRIPTION = '...'             # optional: the heading and text in results.md
 
 Long context (optional; Qiu et al. 2025, Table 5):
@@ -20,7 +24,7 @@ Long context (optional; Qiu et al. 2025, Table 5):
                                                    # one evaluation per label, its overrides
   LONG_CONTEXT_OVERRIDES = {'long_context.lengths': '256,1024,4096'}  # of every evaluation
 
-Runs are VARIANTS x GRID combinations x SEEDS; a group is one (variant, grid point), and the
+Runs are VARIANTS x POINTS x GRID combinations x SEEDS; a group is one (variant, grid point), and the
 table reports each column's mean ± std over the group's seeds.
 """
 
@@ -77,6 +81,7 @@ class Experiment:
   runs: list[Run]
   columns: list[str]
   analyze_overrides: dict
+  per_seed: tuple = ()
   extend: str = ''
   long_context: dict = dataclasses.field(default_factory=dict)
   long_context_overrides: dict = dataclasses.field(default_factory=dict)
@@ -134,6 +139,20 @@ def _check_long_context(path: str, m):
   return labels
 
 
+def _check_points(path: str, points) -> list[dict]:
+  if not isinstance(points, (list, tuple)) or not all(isinstance(p, dict) for p in points):
+    raise ExperimentError(f'{path}: POINTS must be a list of dicts of overrides, e.g. '
+                          "[{}, {'model.num_heads': 2}].")
+  labels = [_point_label(p) for p in points]
+  if len(set(labels)) != len(labels):
+    raise ExperimentError(f'{path}: POINTS has a repeated point ({labels}); each names a group.')
+  return [dict(p) for p in points] or [{}]
+
+
+def _point_label(point: dict) -> str:
+  return '_'.join(_label(k, v) for k, v in point.items())
+
+
 def _check(path: str, variants, seeds, columns, known_columns):
   if not variants:
     raise ExperimentError(f'{path}: VARIANTS must list at least one config name.')
@@ -155,19 +174,27 @@ def load(path: str, known_columns) -> Experiment:
   _check(path, variants, seeds, columns, known_columns)
   common, grid = dict(getattr(m, 'OVERRIDES', {})), dict(getattr(m, 'GRID', {}))
   per_variant = dict(getattr(m, 'VARIANT_OVERRIDES', {}))
+  points = _check_points(path, getattr(m, 'POINTS', []))
+  per_seed = tuple(getattr(m, 'PER_SEED', ()))
+  if set(per_seed) - set(columns):
+    raise ExperimentError(f'{path}: PER_SEED names {sorted(set(per_seed) - set(columns))}, '
+                          'which are not in COLUMNS.')
   runs = []
   for variant in variants:
-    for point in itertools.product(*[[(k, v) for v in vs] for k, vs in grid.items()]):
-      group = '_'.join([variant] + [_label(k, v) for k, v in point])
-      overrides = {**common, **per_variant.get(variant, {}), **dict(point)}
-      for seed in seeds:
-        runs.append(Run(f'{group}_s{seed}', group, variant, seed, tuple(overrides.items())))
+    for chosen in points:
+      for point in itertools.product(*[[(k, v) for v in vs] for k, vs in grid.items()]):
+        labels = [_point_label(chosen)] if chosen else []
+        group = '_'.join([variant] + labels + [_label(k, v) for k, v in point])
+        overrides = {**common, **per_variant.get(variant, {}), **chosen, **dict(point)}
+        for seed in seeds:
+          runs.append(Run(f'{group}_s{seed}', group, variant, seed, tuple(overrides.items())))
   name = getattr(m, 'NAME', os.path.splitext(os.path.basename(path))[0])
   doc = (m.__doc__ or '').strip()
   return Experiment(name=name, path=path, title=getattr(m, 'TITLE', doc.split('\n')[0] or name),
                     description=getattr(m, 'DESCRIPTION', '\n'.join(doc.split('\n')[1:]).strip()),
                     scale=getattr(m, 'SCALE', 'tiny'), runs=runs, columns=columns,
                     analyze_overrides=dict(getattr(m, 'ANALYZE_OVERRIDES', {})),
+                    per_seed=per_seed,
                     extend=str(getattr(m, 'EXTEND', '')),
                     long_context=_check_long_context(path, m),
                     long_context_overrides=dict(getattr(m, 'LONG_CONTEXT_OVERRIDES', {})))

@@ -25,6 +25,15 @@ on bigram_backcopy the baseline's layer 0 sends 0.58 of its attention to BOS; on
 induction head had not formed by step 1,000 (validation loss 1.05 against the task's floor of
 0.82) and F-Attn stayed below 0.18 in both layers, so within a CPU budget use bigram_backcopy.
 
+The share of the targets that a trigger decides (copies in bigram_backcopy, outputs in icl_bigram)
+is by default whatever the random chain gives: 0.26 for the sink experiment's task (vocab 32,
+4 triggers, branching 3, task_seed 0), but anywhere from 0.02 to 0.41 for other task seeds of the
+same sizes. `copy_share` > 0 sets it instead: after a non-trigger token the next token is a
+trigger (uniform over the triggers) with probability r = copy_share / (1 - copy_share), and
+otherwise follows the chain's row with its trigger successors removed (renormalised; uniform over
+the non-trigger tokens for a row whose successors are all triggers), so that a fraction
+copy_share of the targets follow a trigger, whatever the transition matrix.
+
 The first token after BOS is uniform over the non-trigger tokens, so no two triggers are ever
 adjacent and every copy has a source. Documents are indexed by an unbounded integer: train
 document i of a run is generated from (task_seed, 'train', run seed, i), validation document i
@@ -53,13 +62,14 @@ class TaskSpec:
   branching: int
   doc_len: int  # tokens per document, BOS included
   task_seed: int
+  copy_share: float = 0.0  # share of targets that follow a trigger (0: the chain decides)
 
   @classmethod
   def from_config(cls, data_cfg) -> 'TaskSpec':
     s = data_cfg.synthetic
     doc_len = int(s.doc_len) or int(data_cfg.seq_len) + 1
     spec = cls(str(data_cfg.task), int(s.vocab), int(s.triggers), int(s.branching), doc_len,
-               int(s.task_seed))
+               int(s.task_seed), float(s.get('copy_share', 0.0)))
     spec.check()
     return spec
 
@@ -82,6 +92,10 @@ class TaskSpec:
                       f'(BOS and one token); {fix}doc_len.')
     if self.task_seed < 0:
       raise DataError(f'data.synthetic.task_seed={self.task_seed} must be >= 0.')
+    if not 0.0 <= self.copy_share <= 0.45:
+      raise DataError(f'data.synthetic.copy_share={self.copy_share} must be 0 (the chain decides) '
+                      f'or in (0, 0.45] (a trigger follows a non-trigger token with probability '
+                      f'copy_share / (1 - copy_share) <= 0.82); {fix}copy_share.')
 
 
 class SyntheticTask:
@@ -100,8 +114,20 @@ class SyntheticTask:
       support = rng.choice(v, spec.branching, replace=False)
       self.transition_VxV[a, support] = rng.dirichlet(np.ones(spec.branching))
     self._cdf = [list(np.cumsum(row)) for row in self.transition_VxV]
-    p_V = np.where(self.transition_VxV > 0, self.transition_VxV, 1.0)
-    self.row_entropy_V = -(self.transition_VxV * np.log(p_V)).sum(axis=1)
+    self.row_entropy_V = _entropy(self.transition_VxV)
+    if spec.copy_share > 0:  # rows without their trigger successors; the trigger step apart
+      self.trigger_rate = spec.copy_share / (1.0 - spec.copy_share)
+      rows = self.transition_VxV * ~self.is_trigger_V[None, :]
+      empty = rows.sum(axis=1) == 0
+      rows[empty] = ~self.is_trigger_V / len(self.plain)
+      rows[self.triggers] = 0.0
+      self.plain_VxV = rows / np.maximum(rows.sum(axis=1, keepdims=True), 1e-300)
+      self._plain_cdf = [list(np.cumsum(row)) for row in self.plain_VxV]
+      r, k = self.trigger_rate, spec.triggers
+      # the next token's distribution: a trigger w.p. r (uniform), else the row without triggers
+      self.row_entropy_V = np.where(
+          self.is_trigger_V, 0.0,
+          _binary_entropy(r) + r * np.log(k) + (1 - r) * _entropy(self.plain_VxV))
 
   @property
   def bos_id(self) -> int:
@@ -109,6 +135,14 @@ class SyntheticTask:
 
   def _step(self, a: int, u: float) -> int:
     cdf = self._cdf[a]
+    return min(bisect.bisect_right(cdf, u * cdf[-1]), self.spec.vocab - 1)
+
+  def _plain_step(self, a: int, u: float, w: float, j: int) -> int:
+    """copy_share > 0: a trigger (the j-th) when w < trigger_rate, else the row without
+    triggers."""
+    if w < self.trigger_rate:
+      return int(self.triggers[j])
+    cdf = self._plain_cdf[a]
     return min(bisect.bisect_right(cdf, u * cdf[-1]), self.spec.vocab - 1)
 
   def document(self, key: tuple[int, ...]) -> np.ndarray:
@@ -119,13 +153,19 @@ class SyntheticTask:
     first = int(self.plain[rng.integers(len(self.plain))])
     trig = self.is_trigger_V.tolist()
     x = [first]
-    if self.spec.name == 'bigram_backcopy':
-      for t in range(1, n):
-        x.append(x[t - 2] if trig[x[t - 1]] else self._step(x[t - 1], u_n[t]))
+    outputs = (None if self.spec.name == 'bigram_backcopy' else
+               self.plain[rng.integers(len(self.plain), size=self.spec.vocab)].tolist())
+    if self.spec.copy_share > 0:  # drawn after the default stream's numbers: those stay as they are
+      w_n, j_n = rng.random(n).tolist(), rng.integers(self.spec.triggers, size=n).tolist()
+      step = lambda a, u, t: self._plain_step(a, u, w_n[t], j_n[t])  # noqa: E731
     else:
-      outputs = self.plain[rng.integers(len(self.plain), size=self.spec.vocab)].tolist()
-      for t in range(1, n):
-        x.append(outputs[x[t - 1]] if trig[x[t - 1]] else self._step(x[t - 1], u_n[t]))
+      step = lambda a, u, t: self._step(a, u)  # noqa: E731
+    for t in range(1, n):
+      a = x[t - 1]
+      if trig[a]:
+        x.append(x[t - 2] if outputs is None else outputs[a])
+      else:
+        x.append(step(a, u_n[t], t))
     return np.asarray([self.bos_id] + x, np.int32)
 
   def target_entropy(self, doc: np.ndarray) -> np.ndarray:
@@ -144,6 +184,15 @@ class SyntheticTask:
           first_seen[a] = t
           h[t + 1] = np.log(len(self.plain))
     return h
+
+
+def _entropy(rows_VxV: np.ndarray) -> np.ndarray:
+  p = np.where(rows_VxV > 0, rows_VxV, 1.0)
+  return -(rows_VxV * np.log(p)).sum(axis=1)
+
+
+def _binary_entropy(r: float) -> float:
+  return 0.0 if r <= 0 or r >= 1 else float(-r * np.log(r) - (1 - r) * np.log(1 - r))
 
 
 class Generate:

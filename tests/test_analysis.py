@@ -168,6 +168,10 @@ def test_m_act_on_constructed_hidden_states():
   out = jax.device_get(model_lib._where_max_abs(jnp.asarray(h)))
   assert float(out['max']) == 7.0
   np.testing.assert_array_equal(out['where'], [1, 2, 0])
+  assert float(out['median']) == 0.0                     # 28 of the 30 elements are 0
+  r = np.random.default_rng(0).normal(size=(2, 5, 3)).astype(np.float32)
+  out_r = jax.device_get(model_lib._where_max_abs(jnp.asarray(r)))
+  assert float(out_r['median']) == pytest.approx(np.median(np.abs(r.astype(np.float64))), rel=1e-6)
   h[0, 1, 1] = 7.0                                       # a tie: the first occurrence wins
   out = jax.device_get(model_lib._where_max_abs(jnp.asarray(h)))
   np.testing.assert_array_equal(out['where'], [0, 1, 1])
@@ -252,7 +256,8 @@ def test_pool_f_attn_weighted_by_queries_and_m_act_max_over_batches(constructed)
 def test_pool_gate_and_sparsity_weighted_and_histograms_summed():
   def fake(gate_mean, frac, hist, abs_mean, f_attn):
     stat = lambda v: np.array([v, v], np.float32)       # noqa: E731  two layers
-    m = {'max': np.array([1.0, 2.0]), 'where': np.zeros((2, 3), np.int32)}
+    m = {'max': np.array([1.0, 2.0]), 'where': np.zeros((2, 3), np.int32),
+         'median': np.array([abs_mean, 2 * abs_mean])}
     return {'f_attn_H': np.full((2, 4), f_attn), 'attn_map': np.zeros((2, 3, 3)),
             'gate': {'mean': stat(gate_mean), 'frac_below_0.1': stat(frac),
                      'hist': np.array([hist, hist], np.float32)},
@@ -272,6 +277,8 @@ def test_pool_gate_and_sparsity_weighted_and_histograms_summed():
   np.testing.assert_allclose(pooled['sdpa_post_gate']['abs_mean'], [(8 + 32 * 2) / 48] * 2)
   np.testing.assert_allclose(pooled['f_attn_H'], np.full((2, 4), (14 * 0.1 + 30 * 0.4) / 44))
   np.testing.assert_array_equal(pooled['m_act']['attn_out']['batch'], [0, 0])  # ties: first
+  np.testing.assert_allclose(pooled['m_act']['ffn_out']['median'],   # weighted by tokens
+                             [(16 + 32 * 4) / 48, 2 * (16 + 32 * 4) / 48])
   # equal shapes (or none given): plain means
   np.testing.assert_allclose(metrics.pool([b1, b2])['gate']['mean'], [0.35, 0.35])
   rep = metrics.report(pooled, loss=None)

@@ -156,9 +156,71 @@ def test_bad_experiment_files(tmp_path, capsys):
 
 def test_mean_and_std_cells():
   assert report._cell([1.0, 2.0, 3.0], '.2f') == '2.00 ± 1.00'
+  assert report._cell([1.0, 2.0, 3.0], '.2f', per_seed=True) == '2.00 ± 1.00 (1.00, 2.00, 3.00)'
   assert report._cell([0.5, None], '.1f') == '0.5'
   assert report._cell([[0.1, 0.9], [0.3, 0.7]], '.1f') == '0.2 / 0.8'
   assert report._cell([None], '.1f') == '-'
+  assert report._cell([1.0, 0.0, None, 1.0], 'count') == '2/3'
+  assert report._cell(['L0 ffn_out', 'L1 attn_out', 'L0 ffn_out'], 'mode') == (
+      'L0 ffn_out (2/3), L1 attn_out (1/3)')
+
+
+def _m_act_report(values, tokens, texts):
+  """A report's m_act / m_act_where for 2 layers; values[site] = [layer 0, layer 1]."""
+  return {'m_act': values,
+          'm_act_where': {site: {'token': tokens[site], 'token_text': texts[site]}
+                          for site in values}}
+
+
+def test_m_act_origin_is_the_first_site_reaching_half_the_peak():
+  sites = ('attn_out', 'attn_residual', 'ffn_out', 'ffn_residual')
+  # Born in layer 0's FFN on BOS (600 >= 0.5 x 1000), carried by the residual stream.
+  values = {'attn_out': [3.0, 5.0], 'attn_residual': [4.0, 610.0], 'ffn_out': [600.0, 20.0],
+            'ffn_residual': [604.0, 1000.0]}
+  tokens = {s: [0, 0] for s in sites}
+  tokens['attn_out'] = [7, 9]
+  texts = {s: ['<bos>' if t == 0 else 'x' for t in tokens[s]] for s in sites}
+  o = report.m_act_origin(_m_act_report(values, tokens, texts))
+  assert (o['layer'], o['site'], o['token'], o['token_text'], o['first_token']) == (
+      0, 'ffn_out', 0, '<bos>', True)
+  assert o['peak'] == 1000.0 and o['value'] == 600.0
+  # A smaller value earlier no longer counts once the threshold is above it.
+  o = report.m_act_origin(_m_act_report(values, tokens, texts), share=0.9)
+  assert (o['layer'], o['site']) == (1, 'ffn_residual')
+  values['attn_out'] = [900.0, 5.0]
+  o = report.m_act_origin(_m_act_report(values, tokens, texts))
+  assert (o['layer'], o['site'], o['token'], o['first_token']) == (0, 'attn_out', 7, False)
+  res = report.Result(run=None, runner={}, report=_m_act_report(values, tokens, texts), rows=[])
+  assert report.METRICS['m_act_origin'][1](res) == 'L0 attn_out'
+  assert report.METRICS['m_act_bos'][1](res) is False
+  assert report.m_act_origin({}) is None
+
+
+def test_points_expand_into_groups_and_per_seed_must_be_a_column(tmp_path):
+  path = tmp_path / 'points.py'
+  path.write_text("VARIANTS = ['baseline', 'g1_elementwise']\nSEEDS = [0, 1]\n"
+                  "OVERRIDES = {'model.num_heads': 1}\n"
+                  "POINTS = [{}, {'model.num_heads': 2, 'model.head_dim': 64}]\n"
+                  "GRID = {'train.learning_rate': [1e-3]}\n"
+                  "COLUMNS = ['f_attn_max', 'sink_seeds']\nPER_SEED = ['f_attn_max']\n")
+  exp = spec.load(str(path), report.METRICS)
+  assert exp.groups() == [
+      'baseline_learning_rate=0.001', 'baseline_num_heads=2_head_dim=64_learning_rate=0.001',
+      'g1_elementwise_learning_rate=0.001',
+      'g1_elementwise_num_heads=2_head_dim=64_learning_rate=0.001']
+  assert len(exp.runs) == 8 and exp.per_seed == ('f_attn_max',)
+  two = [r for r in exp.runs if r.group == 'baseline_num_heads=2_head_dim=64_learning_rate=0.001']
+  assert dict(two[0].overrides) == {'model.num_heads': 2, 'model.head_dim': 64,
+                                    'train.learning_rate': 1e-3}
+  path.write_text("VARIANTS = ['baseline']\nCOLUMNS = ['val_loss']\nPER_SEED = ['f_attn_max']\n")
+  with pytest.raises(spec.ExperimentError, match=r"PER_SEED names \['f_attn_max'\]"):
+    spec.load(str(path), report.METRICS)
+  path.write_text("VARIANTS = ['baseline']\nPOINTS = [{'a.b': 1}, {'a.b': 1}]\n")
+  with pytest.raises(spec.ExperimentError, match='POINTS has a repeated point'):
+    spec.load(str(path), report.METRICS)
+  path.write_text("VARIANTS = ['baseline']\nPOINTS = {'a.b': 1}\n")
+  with pytest.raises(spec.ExperimentError, match='POINTS must be a list of dicts'):
+    spec.load(str(path), report.METRICS)
 
 
 def test_commit_line_names_the_training_commits(monkeypatch):

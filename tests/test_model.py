@@ -185,6 +185,8 @@ def test_inspect_forward(built, case):
     got = aux['m_act'][site]
     maxes = np.stack([np.abs(x[site]).max() for x in layers])
     np.testing.assert_allclose(got['max'], maxes, rtol=1e-4)
+    np.testing.assert_allclose(got['median'], [np.median(np.abs(x[site])) for x in layers],
+                               rtol=1e-4)
     assert got['where'].shape == (L, 3)
     for i, x in enumerate(layers):                            # 'where' points at the max
       b, t, c = np.asarray(got['where'][i])

@@ -85,6 +85,65 @@ def test_backcopy_statistics():
     assert chi2 < 25  # 3 degrees of freedom: P(chi2 > 25) < 2e-5
 
 
+def test_default_documents_are_unchanged():
+  """copy_share=0 (the default) draws the documents the generator drew before the knob existed
+  (this hash was taken from the code before it), so earlier runs' data stay the same."""
+  import hashlib
+  h = hashlib.sha256()
+  for name in synthetic.TASKS:
+    task = synthetic.make_task(synth_cfg(name, seq_len=64, vocab=32, triggers=4, branching=3))
+    for i in range(20):
+      h.update(synthetic.train_stream(task, 3)(i).tobytes())
+  assert h.hexdigest() == '5ddca81fe6f83766f99e44d00dd93f1ee56cc15bd4a4976551004620f203074c'
+
+
+@pytest.mark.parametrize('name', synthetic.TASKS)
+@pytest.mark.parametrize('copy_share', [0.05, 0.3])
+def test_copy_share_sets_the_share_of_trigger_targets(name, copy_share):
+  """With copy_share > 0, a trigger follows a non-trigger token with probability
+  r = s / (1 - s) (so a share s of targets follow a trigger), whatever the task seed; the other
+  transitions follow the chain's rows without their trigger successors."""
+  for task_seed in (0, 2):
+    task = synthetic.make_task(synth_cfg(name, vocab=16, triggers=2, branching=4, doc_len=257,
+                                         task_seed=task_seed, copy_share=copy_share))
+    docs = np.stack([synthetic.train_stream(task, seed=1)(i) for i in range(200)])[:, 1:]
+    trig = task.is_trigger_V[docs[:, :-1]]
+    n = trig.size
+    assert abs(trig.mean() - copy_share) < 5 * np.sqrt(copy_share * (1 - copy_share) / n) + 0.01
+    if name == 'bigram_backcopy':
+      np.testing.assert_array_equal(docs[:, 2:][trig[:, 1:]], docs[:, :-2][trig[:, 1:]])
+    plain_prev = ~trig
+    nxt, prev = docs[:, 1:][plain_prev], docs[:, :-1][plain_prev]
+    r = copy_share / (1 - copy_share)
+    assert abs(task.is_trigger_V[nxt].mean() - r) < 0.03
+    counts = np.zeros((16, 16))
+    keep = ~task.is_trigger_V[nxt]
+    np.add.at(counts, (prev[keep], nxt[keep]), 1)
+    for a in task.plain:
+      p, c = task.plain_VxV[a], counts[a]
+      assert not c[p == 0].any() and np.isclose(p.sum(), 1.0)
+      if c.sum() > 300:
+        expected = c.sum() * p[p > 0]
+        assert ((c[p > 0] - expected) ** 2 / expected).sum() < 30
+
+
+def test_copy_share_entropy_is_the_next_token_distributions():
+  """target_entropy after a non-trigger token: the entropy of the explicit mixture r x uniform
+  over the triggers + (1 - r) x the row without triggers, computed here from the distribution."""
+  task = synthetic.make_task(synth_cfg(vocab=16, triggers=3, branching=5, copy_share=0.2))
+  r = 0.2 / 0.8
+  for a in task.plain:
+    p = (1 - r) * task.plain_VxV[a] + r * task.is_trigger_V / 3
+    np.testing.assert_allclose(p.sum(), 1.0)
+    h = -sum(x * np.log(x) for x in p if x > 0)
+    np.testing.assert_allclose(task.row_entropy_V[a], h, rtol=1e-12)
+  doc = synthetic.train_stream(task, 0)(0)
+  h = task.target_entropy(doc)
+  trig = task.is_trigger_V[doc[1:-1]]
+  np.testing.assert_array_equal(h[1:][trig], 0.0)
+  np.testing.assert_allclose(h[1:][~trig], task.row_entropy_V[doc[1:-1][~trig]])
+
+
 def test_icl_bigram_statistics():
   task = synthetic.make_task(synth_cfg('icl_bigram', vocab=16, triggers=2, branching=4,
                                        doc_len=257))
@@ -183,6 +242,8 @@ def test_worker_processes_give_the_same_batches():
     (dict(branching=65), r'data.synthetic.branching=65 must be in \[1, vocab = 64\]'),
     (dict(doc_len=1), r'data.synthetic.doc_len=1 must be 0'),
     (dict(task_seed=-1), r'task_seed=-1 must be >= 0'),
+    (dict(copy_share=0.5), r'data.synthetic.copy_share=0.5 must be 0 .* or in \(0, 0.45\]'),
+    (dict(copy_share=-0.1), r'copy_share=-0.1 must be'),
 ])
 def test_bad_settings_fail_clearly(overrides, match):
   task = overrides.pop('task', 'bigram_backcopy')

@@ -8,12 +8,15 @@ stacked to [L, ...] by the scan):
   attn_map        [L, n, n] head-averaged probabilities of sample 0, first n <= 128 positions
   gate            {mean, frac_below_0.1: [L], hist: [L, bins] (fractions)}   (gated runs only)
   sdpa_pre_gate / sdpa_post_gate  {abs_mean, frac_below_1e-2, frac_below_1e-3: [L]}
-  m_act           {site: {max: [L], where: [L, 3] = (sample, token, channel)}} for the sites
-                  attn_out, attn_residual, ffn_out, ffn_residual
+  m_act           {site: {max: [L], where: [L, 3] = (sample, token, channel), median: [L]}}
+                  for the sites attn_out, attn_residual, ffn_out, ffn_residual (median: of |h|
+                  over every element of the batch)
 
 `pool` combines batches exactly: averages weighted by how many values each batch averaged over
 (so pooled == the statistic of all batches concatenated), histograms summed, M-Act maxima taken
-over batches with their location. `report` turns the pooled statistics into report.json.
+over batches with their location, the medians of |h| averaged over batches weighted by their
+tokens (a batch's median is exact; the pooled one is the weighted mean of those, not the median
+of all batches together). `report` turns the pooled statistics into report.json.
 """
 
 import math
@@ -85,6 +88,9 @@ def pool(batches: list[dict], shapes: list[tuple[int, int]] | None = None) -> di
     best = np.argmax(maxes, axis=0)                                   # first batch wins ties
     layers = np.arange(maxes.shape[1])
     m_act[site] = {'max': maxes[best, layers], 'batch': best, 'where': wheres[best, layers]}
+    if 'median' in first['m_act'][site]:
+      m_act[site]['median'] = _weighted_mean([b['m_act'][site]['median'] for b in batches],
+                                             token_w)
   out['m_act'] = m_act
   return out
 
@@ -99,10 +105,12 @@ def _float(x):
 
 
 def _m_act_report(m_act_pooled: dict, batch_size, inputs) -> dict:
-  """m_act, m_act_where, m_act_mean_by_site and m_act_mean of the report."""
-  m_act, where, means = {}, {}, {}
+  """m_act, m_act_median, m_act_where, m_act_mean_by_site and m_act_mean of the report."""
+  m_act, median, where, means = {}, {}, {}, {}
   for site, s in m_act_pooled.items():
     m_act[site] = _floats(s['max'])
+    if 'median' in s:
+      median[site] = _floats(s['median'])
     means[site] = _float(np.mean(s['max']))
     batch, sample = np.asarray(s['batch']), np.asarray(s['where'])[:, 0]
     w = {'batch': [int(b) for b in batch], 'sample': [int(x) for x in sample],
@@ -114,8 +122,8 @@ def _m_act_report(m_act_pooled: dict, batch_size, inputs) -> dict:
       w['token_id'] = [int(np.asarray(inputs[b])[x, t])
                        for b, x, t in zip(batch, sample, w['token'])]
     where[site] = w
-  return {'m_act': m_act, 'm_act_where': where, 'm_act_mean_by_site': means,
-          'm_act_mean': means.get(M_ACT_PAPER_SITE)}
+  return {'m_act': m_act, 'm_act_median': median, 'm_act_where': where,
+          'm_act_mean_by_site': means, 'm_act_mean': means.get(M_ACT_PAPER_SITE)}
 
 
 def report(pooled: dict, *, loss: float | None, tokens: float | None = None,
@@ -123,6 +131,7 @@ def report(pooled: dict, *, loss: float | None, tokens: float | None = None,
   """The analysis report (JSON-serialisable) from `pool`'s output and the validation loss.
 
   Keys: f_attn (per layer), f_attn_mean, f_attn_per_head [L][H]; m_act {site: per-layer max},
+  m_act_median {site: per-layer median |h|},
   m_act_mean (the paper's: mean over layers of the per-layer max after the FFN residual),
   m_act_mean_by_site, m_act_where {site: per-layer {sequence, token, channel[, token_id]}};
   gate_score_mean (None without a gate), gate (per-layer mean, frac_below_0.1, hist; None

@@ -54,10 +54,13 @@ M_ACT_SITES = ('attn_out', 'attn_residual', 'ffn_out', 'ffn_residual')
 
 
 def _where_max_abs(h_BxTxD: jax.Array) -> dict:
-  """M-Act at one site: max |h| and its (batch, token, channel)."""
+  """M-Act at one site: max |h|, its (batch, token, channel), and the median |h| over every
+  element (the scale that makes a maximum "massive": Sun et al. 2024 call activations massive at
+  about 1,000 times the median)."""
   a = jnp.abs(h_BxTxD.astype(jnp.float32))
   flat = jnp.argmax(a.reshape(-1))
-  return {'max': a.reshape(-1)[flat], 'where': jnp.stack(jnp.unravel_index(flat, a.shape))}
+  return {'max': a.reshape(-1)[flat], 'where': jnp.stack(jnp.unravel_index(flat, a.shape)),
+          'median': jnp.median(a)}
 
 
 class Block(Inspectable, nnx.Module):

@@ -85,6 +85,8 @@ def run(workdir: str, *, config=None, overrides: dict | None = None,
   report = analyze.build_report(result, cfg, workdir, step, data.tokenizer,
                                 opts['attn_map_layers'],
                                 rundir.read_metrics(workdir, every_row=True), single=single)
+  if cfg.data.source == 'synthetic':  # the task's measured statistics (copy share, floor)
+    report['data_description'] = data.describe()
   out_dir = out_dir or rundir.analysis_dir(workdir)
   if jax.process_index() == 0:
     analyze.write(report, result, data.tokenizer, out_dir, single=single)
