@@ -5,6 +5,7 @@
   python -m experiments.run experiments/sink_synthetic.py --results docs/results.md
   python -m experiments.run experiments/sink_synthetic.py --print-commands   # one line per run
   python -m experiments.run experiments/sink_synthetic.py --report-only      # table of what is done
+  python -m experiments.run experiments/sink_synthetic.py --reanalyze        # analyses again
 
 Each run trains with `python main.py --config=configs/<variant>.py:<scale> --workdir=<out>/runs/
 <run> --config.seed=S --config.<key>=<value> ...`, then `main.py --mode=analyze` on it; logs go to
@@ -79,6 +80,9 @@ def parse_args(argv):
                  help='print one shell command per run (see the module docstring) and exit')
   p.add_argument('--python', default='python', help='the interpreter in printed commands')
   p.add_argument('--report-only', action='store_true', help='train nothing; tabulate what is done')
+  p.add_argument('--reanalyze', action='store_true',
+                 help='train nothing; run --mode=analyze again on every finished run (after the '
+                 'analysis gained a statistic), then tabulate')
   p.add_argument('--results', help='also write this experiment\'s section into this markdown file')
   p.add_argument('--compilation-cache', default='',
                  help="JAX's persistent compilation cache of the runs (--config.compilation_cache):"
@@ -252,6 +256,28 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
   state['finished'] = _now()
   _write_runner(workdir, state)
   return state
+
+
+def reanalyze(experiment, runs, out: str, cache: str = '') -> list[dict]:
+  """Runs the analysis again on each finished run (training nothing); its runner.json keeps
+  its status, with the new analyze_seconds and `reanalyzed` (when, at which commit)."""
+  states = []
+  for run in runs:
+    workdir = _workdir(out, run)
+    state = report.read_runner(workdir)
+    if state.get('status') != 'done':
+      _log(f'{run.name}: {state.get("status", "not started")}, not analysed again')
+      states.append(state or {'run': run.name, 'status': 'missing'})
+      continue
+    rc, seconds = _call(_cached(experiment.analyze_args(workdir), cache),
+                        os.path.join(workdir, 'analyze.log'))
+    if rc:
+      state['status'] = f'analysis failed (exit {rc})'
+    state.update(analyze_seconds=seconds, reanalyzed=f'{_now()} at {git_commit()}')
+    _write_runner(workdir, state)
+    _log(f'{run.name}: analysed again ({seconds:.0f} s{", exit " + str(rc) if rc else ""})')
+    states.append(state)
+  return states
 
 
 def batchable(experiment, runs, out: str) -> bool:
@@ -461,9 +487,12 @@ def main(argv=None) -> int:
   if args.print_commands:
     print_commands(experiment, runs, out, args)
     return 0
-  states = [] if args.report_only else run_all(experiment, runs, out, args.jobs,
-                                               args.batch_seeds,
-                                               cache_dir(out, args.compilation_cache))
+  if args.reanalyze:
+    states = reanalyze(experiment, runs, out, cache_dir(out, args.compilation_cache))
+  else:
+    states = [] if args.report_only else run_all(experiment, runs, out, args.jobs,
+                                                 args.batch_seeds,
+                                                 cache_dir(out, args.compilation_cache))
   if args.only:  # one task of an array: the report is made once all have finished
     return 0 if all(s['status'] in ('done', 'diverged') for s in states) else 1
   results = [report.read(r, _workdir(out, r), experiment) for r in experiment.runs]

@@ -95,6 +95,22 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resume(finished):
   assert results.read_text().count('<!-- experiment:tiny -->') == 1  # replaced, not appended
 
 
+def test_reanalyze_runs_the_analysis_again_and_trains_nothing(finished, capsys):
+  path, out, _ = finished
+  base = out / 'runs' / 'baseline_s0'
+  train_log = (base / 'train.log').stat().st_size
+  report_json = base / 'analysis' / 'report.json'
+  old = json.loads(report_json.read_text())
+  report_json.write_text(json.dumps({k: v for k, v in old.items() if k != 'm_act_median'}))
+  assert run.main([str(path), '--out', str(out), '--reanalyze', '--only', 'baseline_s0']) == 0
+  assert 'baseline_s0: analysed again' in capsys.readouterr().out
+  new = json.loads(report_json.read_text())
+  assert new['m_act_median'] == old['m_act_median'] and new['loss'] == old['loss']
+  assert (base / 'train.log').stat().st_size == train_log
+  state = json.loads((base / 'runner.json').read_text())
+  assert state['status'] == 'done' and 'reanalyzed' in state
+
+
 def test_the_compilation_cache_is_not_part_of_what_a_run_trains(tmp_path):
   cmd = spec.shell(['main.py', '--config=configs/baseline.py:tiny', '--config.seed=1'], 'python')
   flag = ' --config.compilation_cache='
