@@ -17,7 +17,7 @@ from gated_attention.analysis import plots
 from gated_attention.runs import rundir as runs_lib
 
 RUNNER_FILE = 'runner.json'
-FIGURES = ('f_attn_layers.png', 'm_act_layers.png', 'loss_curves.png')
+FIGURES = ('f_attn_layers.png', 'm_act_layers.png', 'loss_curves.png', 'training_curves.png')
 LONG_CONTEXT_FIGURE = 'long_context.png'
 EXTENDED_DIR = 'extended'  # a run continued at a longer context (EXTEND), inside the run's dir
 SECONDS = ('train_seconds', 'analyze_seconds', 'extend_seconds', 'long_context_seconds')
@@ -322,6 +322,39 @@ def loss_figure(experiment, results) -> Figure:
   return fig
 
 
+def _val_curve(rows, get):
+  return {r['step']: get(r) for r in rows if r.get('split') == 'val' and get(r) is not None}
+
+
+def _train_curve(rows, key):
+  return {r['step']: r[key] for r in rows if r.get('split') == 'train' and r.get(key) is not None}
+
+
+def training_curves_figure(experiment, results) -> Figure:
+  """Over the training steps, mean ± std over each group's seeds: the largest layer's F-Attn
+  and M-Act (the training loop's evaluations) and the parameter norm (its train rows): when a
+  sink forms or fades, and whether the largest activation grows with the weights."""
+  f_attn = lambda r: max(r['f_attn']) if isinstance(r.get('f_attn'), list) and r['f_attn'] else None  # noqa: E731
+  m_act = lambda r: max(r['m_act']) if isinstance(r.get('m_act'), list) and r['m_act'] else None  # noqa: E731
+  panels = [('F-Attn, largest layer', lambda rows: _val_curve(rows, f_attn), False),
+            ('M-Act, largest layer', lambda rows: _val_curve(rows, m_act), True),
+            ('parameter norm', lambda rows: _train_curve(rows, 'param_norm'), False)]
+  fig, axes = _figure(15, 4, ncols=3)
+  for ax, (title, curve, log) in zip(axes, panels):
+    for i, (group, rs) in enumerate(by_group(experiment, results).items()):
+      curves = [c for c in (curve(r.rows) for r in rs if r.rows) if c]
+      steps = sorted(set.intersection(*[set(c) for c in curves])) if curves else []
+      if steps:
+        _band(ax, steps, [[c[s] for s in steps] for c in curves], f'C{i % 10}', group,
+              marker='o' if len(steps) < 30 else None)
+    ax.set(xlabel='step', title=f'{title} (mean ± std)')
+    if log and ax.lines:
+      ax.set_yscale('log')
+    if ax.lines and len(ax.lines) <= 12:
+      ax.legend(fontsize=6)
+  return fig
+
+
 def _ruler_mean(rep: dict, length) -> float | None:
   """The mean exact match over the tasks that fit at `length` (None if none did)."""
   acc = [a[str(length)] for a in rep['ruler'].values() if a.get(str(length)) is not None]
@@ -401,7 +434,8 @@ def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
                                                    'F-Attn (attention to token 0)'),
              'm_act_layers.png': per_layer_figure(experiment, results, 'm_act_layers',
                                                   'M-Act (max |h|, layer output)', log=True),
-             'loss_curves.png': loss_figure(experiment, results)}
+             'loss_curves.png': loss_figure(experiment, results),
+             'training_curves.png': training_curves_figure(experiment, results)}
   if experiment.long_context:
     figures[LONG_CONTEXT_FIGURE] = long_context_figure(experiment, results)
   for name, fig in figures.items():
