@@ -220,8 +220,13 @@ def _cell(values: list, fmt: str, per_seed: bool = False) -> str:
 def _runs_cell(results: list[Result]) -> str:
   done = sum(r.status == 'done' for r in results)
   other = sorted({r.status for r in results} - {'done'})
-  counts = ', '.join(f'{sum(r.status == s for r in results)} {s}' for s in other)
-  return f'{done}/{len(results)}' + (f' ({counts})' if counts else '')
+  counts = [f'{sum(r.status == s for r in results)} {s}' for s in other]
+  spiking = [r.runner['ended_spiking'] for r in results
+             if r.status == 'done' and r.runner.get('ended_spiking') is not None]
+  if spiking:  # trained to the end, ended spiking: analysed at the last calm checkpoint
+    counts.append(f'{len(spiking)} ended spiking, analysed at step '
+                  f'{", ".join(str(s) for s in spiking)}')
+  return f'{done}/{len(results)}' + (f' ({", ".join(counts)})' if counts else '')
 
 
 def by_group(experiment, results: list[Result]) -> dict[str, list[Result]]:

@@ -202,6 +202,24 @@ def _failure(log_path: str, rc: int) -> str:
   return 'diverged' if stopped else f'failed (exit {rc})'
 
 
+def _ended_spiking(workdir: str) -> int | None:
+  """A run that trained to its last step but ended spiking: the training loop saves nothing
+  while the loss is not calm, the last step included, so the run ends with its last calm
+  checkpoint (docs/faults.md). Returns that checkpoint's step (None if the rows do not reach
+  train.steps, or if the last step was saved). Resuming it would replay the same steps into the
+  same spike (the data order and the step are deterministic), so the runner analyses that
+  checkpoint and says so."""
+  from gated_attention.runs import rundir as runs_lib  # pylint: disable=g-import-not-at-top
+  try:
+    steps = runs_lib.read_config(workdir).train.steps
+  except ValueError:
+    return None
+  latest = runs_lib.latest_step(workdir)
+  rows = runs_lib.read_metrics(workdir)
+  reached = any(r.get('split') == 'train' and r.get('step') == steps for r in rows)
+  return latest if reached and latest is not None and latest < steps else None
+
+
 def _trained(workdir: str) -> bool:
   from gated_attention.runs import rundir as runs_lib  # pylint: disable=g-import-not-at-top
   try:
@@ -243,7 +261,11 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
   if not _trained(workdir):
     rc, seconds = _call(train_args, os.path.join(workdir, 'train.log'))
     state.update(train_seconds=state['train_seconds'] + seconds, attempts=state['attempts'] + 1)
-    if rc or not _trained(workdir):
+    calm_step = None if rc else _ended_spiking(workdir)
+    if calm_step is not None:
+      state['ended_spiking'] = calm_step
+      _log(f'{run.name}: ended spiking; analysing its last calm checkpoint, step {calm_step}')
+    elif rc or not _trained(workdir):
       state['status'] = _failure(os.path.join(workdir, 'train.log'), rc) if rc else 'interrupted'
       _write_runner(workdir, state)
       return state

@@ -111,6 +111,38 @@ def test_reanalyze_runs_the_analysis_again_and_trains_nothing(finished, capsys):
   assert state['status'] == 'done' and 'reanalyzed' in state
 
 
+def test_a_run_that_ends_spiking_is_analysed_at_its_last_calm_checkpoint(tmp_path, monkeypatch):
+  """Trained to its last step but not saved there (the loss was not calm): resuming would
+  replay the same spike, so the runner analyses the last calm checkpoint and the table says so."""
+  from gated_attention.runs import rundir as runs_lib  # pylint: disable=g-import-not-at-top
+
+  class Cfg:
+    class train:  # noqa: N801
+      steps = 10
+  rows = [{'split': 'train', 'step': s} for s in (5, 10)]
+  monkeypatch.setattr(runs_lib, 'read_config', lambda w: Cfg)
+  monkeypatch.setattr(runs_lib, 'read_metrics', lambda w, **k: rows)
+  monkeypatch.setattr(runs_lib, 'latest_step', lambda w: 5)
+  assert run._ended_spiking('w') == 5
+  monkeypatch.setattr(runs_lib, 'latest_step', lambda w: 10)   # the last step was saved
+  assert run._ended_spiking('w') is None
+  monkeypatch.setattr(runs_lib, 'latest_step', lambda w: 5)
+  rows.pop()                                                    # stopped before the end
+  assert run._ended_spiking('w') is None
+  rows.append({'split': 'train', 'step': 10})
+
+  path = tmp_path / 'tiny.py'
+  path.write_text(EXPERIMENT)
+  exp = spec.load(str(path), report.METRICS)
+  calls = []
+  monkeypatch.setattr(run, '_call', lambda args, log: (calls.append(args[1]), (0, 2.0))[1])
+  state = run.execute(exp, exp.runs[0], str(tmp_path / 'out'))
+  assert calls == [exp.runs[0].train_args(exp.scale, '')[1], '--mode=analyze']
+  assert state['status'] == 'done' and state['ended_spiking'] == 5
+  res = report.Result(run=exp.runs[0], runner=state, report=None, rows=[])
+  assert report._runs_cell([res]) == '1/1 (1 ended spiking, analysed at step 5)'
+
+
 def test_the_compilation_cache_is_not_part_of_what_a_run_trains(tmp_path):
   cmd = spec.shell(['main.py', '--config=configs/baseline.py:tiny', '--config.seed=1'], 'python')
   flag = ' --config.compilation_cache='
