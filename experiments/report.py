@@ -17,7 +17,8 @@ from gated_attention.analysis import plots
 from gated_attention.runs import rundir as runs_lib
 
 RUNNER_FILE = 'runner.json'
-FIGURES = ('f_attn_layers.png', 'm_act_layers.png', 'loss_curves.png', 'training_curves.png')
+FIGURES = ('f_attn_layers.png', 'm_act_layers.png', 'loss_curves.png', 'training_curves.png',
+           'seeds.png')
 LONG_CONTEXT_FIGURE = 'long_context.png'
 EXTENDED_DIR = 'extended'  # a run continued at a longer context (EXTEND), inside the run's dir
 SECONDS = ('train_seconds', 'analyze_seconds', 'extend_seconds', 'long_context_seconds')
@@ -360,6 +361,36 @@ def training_curves_figure(experiment, results) -> Figure:
   return fig
 
 
+def seeds_figure(experiment, results) -> Figure:
+  """Every seed of every group as a dot: the largest layer's F-Attn (with the sink threshold)
+  and M-Act of its analysis, so a group's spread, and a group split between seeds with and
+  without a sink, show at a glance."""
+  groups = by_group(experiment, results)
+  fig, axes = _figure(max(7.0, 0.32 * len(groups) + 2), 6.5, ncols=1)
+  fig.clear()
+  axes = fig.subplots(2, 1, sharex=True)
+  x = np.arange(len(groups))
+  for ax, (metric, label, log) in zip(axes, (('f_attn_max', 'F-Attn, largest layer', False),
+                                            ('m_act_mean', 'M-Act', True))):
+    for i, rs in enumerate(groups.values()):
+      values = [METRICS[metric][1](r) for r in rs if r.status == 'done']
+      values = [v for v in values if v is not None]
+      if values:
+        jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else [0.0]
+        ax.scatter(i + np.asarray(jitter), values, s=14, color=f'C{i % 10}', zorder=3)
+    if metric == 'f_attn_max':
+      ax.axhline(SINK_F_ATTN, color='gray', ls=':', lw=1, label=f'sink threshold {SINK_F_ATTN}')
+      ax.set_ylim(-0.02, 1.0)
+      ax.legend(fontsize=7, loc='upper right')
+    if log:
+      ax.set_yscale('log')
+    ax.set(ylabel=label)
+    ax.grid(axis='x', color='0.9')
+  axes[-1].set_xticks(x, list(groups), rotation=75, ha='right', fontsize=7)
+  axes[0].set_title(f'{experiment.name}: each seed\'s analysis')
+  return fig
+
+
 def _ruler_mean(rep: dict, length) -> float | None:
   """The mean exact match over the tasks that fit at `length` (None if none did)."""
   acc = [a[str(length)] for a in rep['ruler'].values() if a.get(str(length)) is not None]
@@ -440,7 +471,8 @@ def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
              'm_act_layers.png': per_layer_figure(experiment, results, 'm_act_layers',
                                                   'M-Act (max |h|, layer output)', log=True),
              'loss_curves.png': loss_figure(experiment, results),
-             'training_curves.png': training_curves_figure(experiment, results)}
+             'training_curves.png': training_curves_figure(experiment, results),
+             'seeds.png': seeds_figure(experiment, results)}
   if experiment.long_context:
     figures[LONG_CONTEXT_FIGURE] = long_context_figure(experiment, results)
   for name, fig in figures.items():
