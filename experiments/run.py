@@ -419,11 +419,14 @@ def run_all(experiment, runs, out: str, jobs: int, batch_seeds: bool = False,
   done = [0]
 
   def one(run, t0, batched=False):
-    trained_before = report.read_runner(_workdir(out, run)).get('status') in ('done', 'diverged')
+    before = report.read_runner(_workdir(out, run))
+    trained_before = before.get('status') in ('done', 'diverged')
     state = execute(experiment, run, out, cache)
     if not trained_before and state['status'] == 'done':
       if batched:   # its rows time the seeds' shared step: not a single run's arithmetic
         arithmetic[1] += 1
+      elif before.get('attempts'):  # resumed: only its last steps trained now
+        arithmetic[2] += 1
       else:
         arithmetic[0] += report.step_arithmetic(report.read(run, _workdir(out, run)).rows)
     done[0] += 1
@@ -439,11 +442,12 @@ def run_all(experiment, runs, out: str, jobs: int, batch_seeds: bool = False,
            f'program ({"done" if rc == 0 else f"exit {rc}"}, {(time.time() - t0) / 60:.1f} min)')
     return [one(r, t0, len(members) > 1) for r in members]
 
-  arithmetic, start = [0.0, 0], time.time()   # seconds of the single runs; batched runs
+  # seconds of the single runs trained from scratch now; batched runs; resumed runs
+  arithmetic, start = [0.0, 0, 0], time.time()
   with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
     states = {s['run']: s for ss in pool.map(unit, _units(experiment, runs, out, batch_seeds))
               for s in ss}
-  if arithmetic[0] and not arithmetic[1]:
+  if arithmetic[0] and not arithmetic[1] and not arithmetic[2]:
     wall = time.time() - start
     _log(f'Runner: {wall:.0f} s for the runs trained now, whose training arithmetic (steps x '
          f'median step time) is {arithmetic[0]:.0f} s: {wall / arithmetic[0]:.2f}x.')
@@ -451,6 +455,9 @@ def run_all(experiment, runs, out: str, jobs: int, batch_seeds: bool = False,
     _log(f'Runner: {time.time() - start:.0f} s ({arithmetic[1]} runs trained with their seeds '
          'batched: their rows time the shared step, so there is no single-run arithmetic to '
          'compare with).')
+  elif arithmetic[2]:
+    _log(f'Runner: {time.time() - start:.0f} s ({arithmetic[2]} runs resumed from a checkpoint: '
+         'no whole-run arithmetic to compare with).')
   return [states[r.name] for r in runs]
 
 
