@@ -160,6 +160,8 @@ def _data_fields() -> dict:
           key_tokens=16,
           value_tokens=16,
           query_rate=0.25,      # share of the haystack's tokens that are query keys (in (0, 0.5])
+          filler='uniform',     # uniform | skip_bigram (from the row of the token two back,
+                                # `branching` successors each)
       )),
   )
 

@@ -72,6 +72,7 @@ from input_pipeline.tokenizer import Tokenizer
 
 TASKS = ('bigram_backcopy', 'icl_bigram', 'mqar')
 CHAIN_TASKS = ('bigram_backcopy', 'icl_bigram')  # the bigram chain's tasks
+FILLERS = ('uniform', 'skip_bigram')  # mqar's haystack filler
 _TASK_TAG, _TRAIN, _VAL = 0, 1, 2  # the first words of the seed sequences (task / train / val)
 
 
@@ -89,6 +90,7 @@ class TaskSpec:
   key_tokens: int = 16     # mqar: key tokens (ids 0..key_tokens-1)
   value_tokens: int = 16   # mqar: value tokens (the next value_tokens ids); filler: the rest
   query_rate: float = 0.25  # mqar: share of the haystack's tokens that are query keys
+  filler: str = 'uniform'  # mqar: uniform | skip_bigram (the row of the token two back)
 
   @classmethod
   def from_config(cls, data_cfg) -> 'TaskSpec':
@@ -97,14 +99,19 @@ class TaskSpec:
     spec = cls(str(data_cfg.task), int(s.vocab), int(s.triggers), int(s.branching), doc_len,
                int(s.task_seed), float(s.get('copy_share', 0.0)), int(s.get('pairs', 8)),
                int(s.get('key_tokens', 16)), int(s.get('value_tokens', 16)),
-               float(s.get('query_rate', 0.25)))
+               float(s.get('query_rate', 0.25)), str(s.get('filler', 'uniform')))
     spec.check()
     return spec
 
   @property
+  def filler_first(self) -> int:
+    """mqar: the first filler id (the filler tokens are ids filler_first..vocab-1)."""
+    return self.key_tokens + self.value_tokens
+
+  @property
   def filler_tokens(self) -> int:
     """mqar: the regular tokens that are neither keys nor values."""
-    return self.vocab - self.key_tokens - self.value_tokens
+    return self.vocab - self.filler_first
 
   def check(self):
     """Raises DataError naming the setting when the task cannot be generated."""
@@ -148,6 +155,13 @@ class TaskSpec:
       raise DataError(f'data.synthetic.query_rate={self.query_rate} must be in (0, 0.5] (the '
                       f'share of haystack tokens that are query keys, each followed by its value: '
                       f'0.5 is a haystack of queries only); {fix}query_rate.')
+    if self.filler not in FILLERS:
+      raise DataError(f'data.synthetic.filler={self.filler!r} must be one of {", ".join(FILLERS)}; '
+                      f'{fix}filler.')
+    if self.filler == 'skip_bigram' and not 1 <= self.branching <= self.filler_tokens:
+      raise DataError(f'data.synthetic.branching={self.branching} must be in [1, filler tokens = '
+                      f'{self.filler_tokens}] (the skip-bigram filler\'s successors per token); '
+                      f'{fix}branching.')
     if self.doc_len < 2 * self.pairs + 3:
       raise DataError(f'data.synthetic.doc_len={self.doc_len} (0: data.seq_len + 1) leaves no room '
                       f'for a query after BOS and {self.pairs} key-value pairs: it needs at least '
@@ -262,17 +276,27 @@ class MQARTask(SyntheticTask):
     k, v = spec.key_tokens, spec.value_tokens
     self.key_ids = np.arange(k, dtype=np.int32)
     self.value_ids = np.arange(k, k + v, dtype=np.int32)
-    self.filler_ids = np.arange(k + v, spec.vocab, dtype=np.int32)
+    self.filler_ids = np.arange(spec.filler_first, spec.vocab, dtype=np.int32)
     self.is_key_V = np.zeros(spec.vocab, bool)
     self.is_key_V[:k] = True
     self.triggers, self.is_trigger_V = self.key_ids, self.is_key_V  # the tokenizer marks keys
     q = spec.query_rate
     self.slot_rate = q / (1.0 - q)  # P(a query starts) at each haystack token not ending a key
     r, p, f = self.slot_rate, spec.pairs, spec.filler_tokens
-    # the next haystack token after anything but a query key: a key (uniform over the
-    # document's pairs keys) w.p. r, else a filler token (uniform)
-    self.haystack_entropy = (float(np.log(p)) if r >= 1 else
-                             _binary_entropy(r) + r * np.log(p) + (1 - r) * np.log(f))
+    if spec.filler == 'skip_bigram':  # filler row of the token two back: [vocab, filler]
+      rng = np.random.default_rng([_TASK_TAG, spec.task_seed])
+      self.skip_VxF = np.zeros((spec.vocab, f))
+      for a in range(spec.vocab):
+        support = rng.choice(f, spec.branching, replace=False)
+        self.skip_VxF[a, support] = rng.dirichlet(np.ones(spec.branching))
+      self._skip_cdf = [list(np.cumsum(row)) for row in self.skip_VxF]
+      filler_entropy_V = _entropy(self.skip_VxF)
+    else:
+      filler_entropy_V = np.full(spec.vocab, np.log(f))
+    # the next haystack token after anything but a query key, by the token before the current
+    # one: a key (uniform over the document's pairs keys) w.p. r, else a filler token
+    self.haystack_entropy_V = (np.full(spec.vocab, np.log(p)) if r >= 1 else
+                               _binary_entropy(r) + r * np.log(p) + (1 - r) * filler_entropy_V)
 
   @property
   def haystack_start(self) -> int:
@@ -287,9 +311,17 @@ class MQARTask(SyntheticTask):
     keys_P = rng.choice(s.key_tokens, s.pairs, replace=False).astype(np.int32)
     values_P = (s.key_tokens + rng.integers(s.value_tokens, size=s.pairs)).astype(np.int32)
     u_m, which_m = rng.random(m).tolist(), rng.integers(s.pairs, size=m).tolist()
-    filler_m = (s.key_tokens + s.value_tokens + rng.integers(s.filler_tokens, size=m)).tolist()
+    first = s.filler_first
+    if s.filler == 'skip_bigram':
+      w_m = rng.random(m).tolist()
+    else:
+      filler_m = (first + rng.integers(s.filler_tokens, size=m)).tolist()
     keys, values, r = keys_P.tolist(), values_P.tolist(), self.slot_rate
-    out, pending = [], -1  # pending: the value owed after a query key
+    doc = np.empty(s.doc_len, np.int32)
+    doc[0] = self.bos_id
+    doc[1:self.haystack_start:2], doc[2:self.haystack_start:2] = keys_P, values_P
+    out = doc[:self.haystack_start].tolist()
+    pending = -1  # the value owed after a query key
     for t in range(m):
       if pending >= 0:
         out.append(pending)
@@ -297,12 +329,12 @@ class MQARTask(SyntheticTask):
       elif u_m[t] < r:
         out.append(keys[which_m[t]])
         pending = values[which_m[t]]
+      elif s.filler == 'skip_bigram':  # from the row of the token before the last one
+        cdf = self._skip_cdf[out[-2]]
+        out.append(first + min(bisect.bisect_right(cdf, w_m[t] * cdf[-1]), s.filler_tokens - 1))
       else:
         out.append(filler_m[t])
-    doc = np.empty(s.doc_len, np.int32)
-    doc[0] = self.bos_id
-    doc[1:self.haystack_start:2], doc[2:self.haystack_start:2] = keys_P, values_P
-    doc[self.haystack_start:] = out
+    doc[self.haystack_start:] = out[self.haystack_start:]
     return doc
 
   def answer_mask(self, doc: np.ndarray) -> np.ndarray:
@@ -326,9 +358,12 @@ class MQARTask(SyntheticTask):
   def target_entropy(self, doc: np.ndarray) -> np.ndarray:
     """float64 [doc_len - 1]: entropy (nats) of the true next-token distribution of each target
     doc[1:] given everything before it: the i-th pair key log(key_tokens - i) (keys are distinct),
-    a pair value log(value_tokens), an answer 0, any other haystack token haystack_entropy."""
+    a pair value log(value_tokens), an answer 0, any other haystack token haystack_entropy_V of
+    the token before its input (the skip-bigram filler's row; uniform filler: the same for all)."""
     s, start = self.spec, self.haystack_start
-    h = np.full(len(doc) - 1, self.haystack_entropy)
+    doc = np.asarray(doc)
+    h = np.empty(len(doc) - 1)
+    h[start - 1:] = self.haystack_entropy_V[doc[start - 2:-2]]
     h[0:start - 1:2] = np.log(s.key_tokens - np.arange(s.pairs))
     h[1:start - 1:2] = np.log(s.value_tokens)
     h[self.answer_mask(doc)] = 0.0

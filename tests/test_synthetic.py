@@ -273,6 +273,38 @@ def test_mqar_target_entropy_is_the_true_next_token_distribution():
   assert ((fill - expected) ** 2 / expected).sum() < 60   # 17 degrees of freedom
 
 
+def test_mqar_skip_bigram_filler():
+  """filler='skip_bigram': a filler token is drawn from the row of the token two back (the one
+  before the current input), `branching` successors each; target_entropy of every non-answer
+  haystack target is the entropy of the explicit next-token distribution (r / pairs on each key
+  of the document, (1 - r) x that row on the filler tokens); the counts follow the rows."""
+  task = mqar_task(filler='skip_bigram', branching=3, query_rate=0.25)
+  r = 0.25 / 0.75
+  rows = task.skip_VxF
+  assert rows.shape == (40, 18) and ((rows > 0).sum(axis=1) == 3).all()
+  np.testing.assert_allclose(rows.sum(axis=1), 1.0)
+  counts = np.zeros((40, 18))
+  for i in range(150):
+    doc = synthetic.train_stream(task, 2)(i)
+    h, mask = task.target_entropy(doc), task.answer_mask(doc)
+    for t in range(12, 128):                 # target t: doc[t + 1] after input doc[t]
+      if mask[t]:
+        assert h[t] == 0.0
+        continue
+      p = np.concatenate([np.full(6, r / 6), (1 - r) * rows[doc[t - 1]]])
+      p = p[p > 0]
+      np.testing.assert_allclose(h[t], -(p * np.log(p)).sum(), rtol=1e-12)
+      if doc[t + 1] >= 22:
+        counts[doc[t - 1], doc[t + 1] - 22] += 1
+  assert not counts[rows == 0].any()
+  for a in range(40):
+    if counts[a].sum() > 200:
+      expected = counts[a].sum() * rows[a][rows[a] > 0]
+      assert ((counts[a][rows[a] > 0] - expected) ** 2 / expected).sum() < 25  # 2 d.o.f.
+  other = mqar_task(filler='skip_bigram', branching=3, task_seed=1)
+  assert not np.array_equal(other.skip_VxF, rows)
+
+
 def test_mqar_describe_and_its_floor():
   """describe(): the answers' share and distances; the floor (optimal_loss) is below the loss of
   a model that knows everything but the retrieval (the answer guessed among the document's
@@ -397,6 +429,10 @@ def test_worker_processes_give_the_same_batches():
     (dict(task='mqar', query_rate=0.6), r'query_rate=0.6 must be in'),
     (dict(task='mqar', pairs=16), r'doc_len=33 .* needs at least 2 x pairs \+ 3 = 35 tokens; '
      r'raise --config.data.seq_len'),
+    (dict(task='mqar', filler='chain'), r"data.synthetic.filler='chain' must be one of uniform, "
+     r'skip_bigram'),
+    (dict(task='mqar', filler='skip_bigram', branching=33),
+     r'data.synthetic.branching=33 must be in \[1, filler tokens = 32\]'),
 ])
 def test_bad_settings_fail_clearly(overrides, match):
   task = overrides.pop('task', 'bigram_backcopy')
