@@ -73,7 +73,7 @@ from input_pipeline.tokenizer import Tokenizer
 TASKS = ('bigram_backcopy', 'icl_bigram', 'mqar')
 CHAIN_TASKS = ('bigram_backcopy', 'icl_bigram')  # the bigram chain's tasks
 FILLERS = ('uniform', 'skip_bigram')  # mqar's haystack filler
-_TASK_TAG, _TRAIN, _VAL = 0, 1, 2  # the first words of the seed sequences (task / train / val)
+_TASK_TAG, _TRAIN, _VAL, _PROBE = 0, 1, 2, 3  # first words of the seed sequences (task / streams)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,6 +337,46 @@ class MQARTask(SyntheticTask):
     doc[self.haystack_start:] = out[self.haystack_start:]
     return doc
 
+  def probe_document(self, key: tuple[int, ...]) -> np.ndarray:
+    """int32 [doc_len]: a retrieval probe (long-context evaluation): BOS and the pairs as in
+    document(), then a haystack of filler alone (the same filler process) in which each of the
+    document's keys is queried exactly once, followed by its value, at uniformly random
+    non-overlapping positions in random order. In document()'s haystack a key is queried again
+    and again, so most queries can copy from a recent query rather than from the pairs; here the
+    pair is each answer's only source, at a distance spread over the whole length (RULER's
+    needles, Hsieh et al. 2024, with the question anywhere after them)."""
+    s = self.spec
+    rng = np.random.default_rng([*key])
+    m = s.doc_len - self.haystack_start
+    if m < 2 * s.pairs:
+      raise DataError(f'A probe document of {s.doc_len} tokens cannot hold {s.pairs} key-value '
+                      f'pairs and a query of each; it needs at least {4 * s.pairs + 1} tokens.')
+    keys_P = rng.choice(s.key_tokens, s.pairs, replace=False).astype(np.int32)
+    values_P = (s.key_tokens + rng.integers(s.value_tokens, size=s.pairs)).astype(np.int32)
+    starts = np.sort(rng.choice(m - s.pairs, s.pairs, replace=False)) + np.arange(s.pairs)
+    order = rng.permutation(s.pairs)
+    w_m = rng.random(m).tolist()
+    query = dict(zip(starts.tolist(), order.tolist()))
+    first, keys, values = s.filler_first, keys_P.tolist(), values_P.tolist()
+    doc = np.empty(s.doc_len, np.int32)
+    doc[0] = self.bos_id
+    doc[1:self.haystack_start:2], doc[2:self.haystack_start:2] = keys_P, values_P
+    out = doc[:self.haystack_start].tolist()
+    t = 0
+    while t < m:
+      if t in query:
+        out += [keys[query[t]], values[query[t]]]
+        t += 2
+        continue
+      if s.filler == 'skip_bigram':
+        cdf = self._skip_cdf[out[-2]]
+        out.append(first + min(bisect.bisect_right(cdf, w_m[t] * cdf[-1]), s.filler_tokens - 1))
+      else:
+        out.append(first + min(int(w_m[t] * s.filler_tokens), s.filler_tokens - 1))
+      t += 1
+    doc[self.haystack_start:] = out[self.haystack_start:]
+    return doc
+
   def answer_mask(self, doc: np.ndarray) -> np.ndarray:
     """bool [doc_len - 1]: target t (doc[t + 1]) is the value after a query key doc[t] of the
     haystack, i.e. a retrieval whose answer is fixed by the document's pairs."""
@@ -397,6 +437,21 @@ def train_stream(task: SyntheticTask, seed: int) -> Generate:
 
 def val_stream(task: SyntheticTask) -> Generate:
   return Generate(task, (_VAL, task.spec.task_seed))
+
+
+class Probe(Generate):
+  """Document index -> int32 [doc_len] retrieval probe (MQARTask.probe_document)."""
+
+  def __call__(self, index) -> np.ndarray:
+    return self.task.probe_document(self.prefix + (int(index),))
+
+
+def probe_stream(task: SyntheticTask) -> Probe:
+  """The retrieval probes of a task with answers (mqar): held out like the validation stream,
+  from a stream of their own."""
+  if not task.has_answers:
+    task.answer_mask(None)  # raises the task's DataError
+  return Probe(task, (_PROBE, task.spec.task_seed))
 
 
 class SyntheticTokenizer(Tokenizer):

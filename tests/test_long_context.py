@@ -145,22 +145,22 @@ class _Oracle:
 
 def test_retrieval_accuracy_against_a_loop():
   """retrieval_accuracy on an oracle right on a known subset (even positions): per length, the
-  exact match, answer count and accuracy by distance bucket of a plain loop over validation
-  documents of L + 1 tokens (made here from the task's config), batched; None for a length too
-  short for the pairs and one query."""
+  exact match, answer count and accuracy by distance bucket of a plain loop over the retrieval
+  probes of L + 1 tokens (made here from the task's config: each key queried once), batched;
+  None for a length too short for the pairs and their queries (4 x pairs)."""
   task = _mqar_task()
   gen = _Oracle()
-  out = long_context.retrieval_accuracy(gen, task, [8, 32, 96], count=5, batch=2)
-  assert out['task'] == 'mqar' and out['documents'] == 5 and out['lengths']['8'] is None
-  assert gen.shapes == [(2, 33), (2, 33), (1, 33), (2, 97), (2, 97), (1, 97)]
+  out = long_context.retrieval_accuracy(gen, task, [8, 32, 96], count=12, batch=5)
+  assert out['task'] == 'mqar' and out['documents'] == 12 and out['lengths']['8'] is None
+  assert gen.shapes == [(5, 33), (5, 33), (2, 33), (5, 97), (5, 97), (2, 97)]
   for n in (32, 96):
-    val = synthetic.val_stream(_mqar_task(doc_len=n + 1))
-    docs = np.stack([val(i) for i in range(5)])
+    probes = synthetic.probe_stream(_mqar_task(doc_len=n + 1))
+    docs = np.stack([probes(i) for i in range(12)])
     acc, count, buckets = _reference_accuracy(docs, docs[:, 1:] * (np.arange(n) % 2 == 0) +
                                               MQAR['vocab'] * (np.arange(n) % 2 == 1),
                                               [0, 8, 32, 96])
     cell = out['lengths'][str(n)]
-    assert 0.2 < acc < 0.8 and cell['answers'] == count > 10
+    assert 0.2 < acc < 0.8 and cell['answers'] == count == 12 * MQAR['pairs']
     assert cell['accuracy'] == pytest.approx(acc)
     mask = np.stack([task.answer_mask(d) for d in docs])
     assert cell['answer_loss'] == pytest.approx(np.nonzero(mask)[1].mean())
@@ -168,7 +168,7 @@ def test_retrieval_accuracy_against_a_loop():
     for b, (a, c) in zip(cell['by_distance'], buckets):
       assert b['answers'] == c and (b['accuracy'] == pytest.approx(a) if c else
                                     b['accuracy'] is None)
-  assert out['lengths']['96']['by_distance'][2]['answers'] > 0   # far queries at the long length
+  assert out['lengths']['96']['by_distance'][2]['answers'] > 10  # far queries at the long length
 
 
 def test_answer_accuracy_on_constructed_cases():
@@ -215,7 +215,7 @@ def test_long_context_mode_on_a_synthetic_retrieval_run(tmp_path):
   model = rundir.load_run(run).model
   task = _mqar_task()
   for n in (16, 32, 64):
-    docs = long_context.synthetic_documents(task, n + 1, 3)
+    docs = long_context.synthetic_documents(task, n + 1, 3, probes=True)
     logits = np.asarray(model(jnp.asarray(docs[:, :-1]))[0])
     acc, count, _ = _reference_accuracy(docs, logits.argmax(-1), [0, n])
     cell = rep['retrieval']['lengths'][str(n)]

@@ -305,6 +305,39 @@ def test_mqar_skip_bigram_filler():
   assert not np.array_equal(other.skip_VxF, rows)
 
 
+@pytest.mark.parametrize('filler', synthetic.FILLERS)
+def test_mqar_probes_query_each_key_once(filler):
+  """probe_document: BOS and the pairs as in document(), then filler in which each of the
+  document's keys is queried exactly once, followed by its value, and no other key appears; the
+  answers' distances spread over the whole length; a deterministic stream of its own; a length
+  that cannot hold the pairs and their queries is refused."""
+  task = mqar_task(doc_len=257, filler=filler, branching=3)
+  probes = synthetic.probe_stream(task)
+  distances = []
+  for i in range(60):
+    doc = probes(i)
+    assert doc.shape == (257,) and doc[0] == 40
+    value_of = dict(doc[1:13].reshape(6, 2).tolist())
+    hay = doc[13:]
+    at = np.flatnonzero(hay < 10)
+    assert sorted(hay[at].tolist()) == sorted(value_of)          # each key once
+    assert [hay[t + 1] for t in at] == [value_of[hay[t]] for t in at]
+    rest = np.ones(len(hay), bool)
+    rest[at], rest[at + 1] = False, False
+    assert (hay[rest] >= 22).all()                                # filler everywhere else
+    mask = task.answer_mask(doc)
+    assert mask.sum() == 6
+    distances += task.answer_distance(doc)[mask].tolist()
+  assert min(distances) < 20 and max(distances) > 230 and 90 < np.mean(distances) < 160
+  np.testing.assert_array_equal(probes(3), synthetic.probe_stream(
+      mqar_task(doc_len=257, filler=filler, branching=3))(3))
+  assert not np.array_equal(probes(3)[13:], synthetic.val_stream(task)(3)[13:])
+  with pytest.raises(DataError, match='needs at least 25 tokens'):
+    synthetic.probe_stream(mqar_task(doc_len=24))(0)
+  with pytest.raises(DataError, match="only data.task='mqar'"):
+    synthetic.probe_stream(synthetic.make_task(synth_cfg('icl_bigram')))
+
+
 def test_mqar_describe_and_its_floor():
   """describe(): the answers' share and distances; the floor (optimal_loss) is below the loss of
   a model that knows everything but the retrieval (the answer guessed among the document's

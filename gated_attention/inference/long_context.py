@@ -17,10 +17,11 @@ A run on a synthetic task (data.source='synthetic') has no text: its held-out do
 loss are the task's validation stream generated at the largest length + 1, and for a task with
 answer positions (data.task='mqar', multi-query associative recall; input_pipeline/synthetic.py)
 the retrieval measurement replaces RULER: at each length L, the share of the answers (the value
-after each query key) of `long_context.examples` validation documents of L + 1 tokens that the
-model's teacher-forced greedy prediction gets exactly right (the per-query accuracy of Arora et
-al. 2023, "Zoology"), overall and by the distance from the query back to its key-value pair in
-the same buckets as the loss (report['ruler'] = {'mqar': {L: accuracy}}, the RULER shape;
+after each query key) of `long_context.examples` held-out retrieval probes of L + 1 tokens (the
+pairs, then filler in which each key is queried once: the pair is each answer's only source)
+that the model's teacher-forced greedy prediction gets exactly right (the per-query accuracy of
+Arora et al. 2023, "Zoology"), overall and by the distance from the query back to its key-value
+pair in the same buckets as the loss (report['ruler'] = {'mqar': {L: accuracy}}, the RULER shape;
 report['retrieval'] the answers' counts, loss and the accuracy by distance).
 The RoPE settings (model.rope_base, model.rope_scaling) may be overridden on top of the run's
 saved config, so one checkpoint is evaluated with and without YaRN; each setting writes its own
@@ -83,11 +84,13 @@ def long_documents(data, min_tokens: int, count: int) -> np.ndarray:
   return np.stack(out).astype(np.int32)
 
 
-def synthetic_documents(task, num_tokens: int, count: int) -> np.ndarray:
+def synthetic_documents(task, num_tokens: int, count: int, probes: bool = False) -> np.ndarray:
   """int32 [count, num_tokens]: the first `count` documents of the task's validation stream (never
-  trained on) generated at doc_len = num_tokens (BOS first)."""
-  val = synthetic.val_stream(synthetic.task_of(dataclasses.replace(task.spec, doc_len=num_tokens)))
-  return np.stack([val(i) for i in range(count)]).astype(np.int32)
+  trained on), or with `probes` of its retrieval probes (mqar: each key queried once), generated
+  at doc_len = num_tokens (BOS first)."""
+  task = synthetic.task_of(dataclasses.replace(task.spec, doc_len=num_tokens))
+  stream = synthetic.probe_stream(task) if probes else synthetic.val_stream(task)
+  return np.stack([stream(i) for i in range(count)]).astype(np.int32)
 
 
 def answer_accuracy(docs_NxT: np.ndarray, pred_NxT1: np.ndarray, nll_NxT1: np.ndarray,
@@ -110,15 +113,16 @@ def answer_accuracy(docs_NxT: np.ndarray, pred_NxT1: np.ndarray, nll_NxT1: np.nd
 
 def retrieval_accuracy(gen, task, lengths: list[int], count: int, batch: int) -> dict:
   """A synthetic task with answer positions (mqar), per length L: answer_accuracy on `count`
-  validation documents of L + 1 tokens, through the Generator's cached chunks (token_scores);
-  None for a length too short for the task's pairs and one query."""
+  retrieval probes of L + 1 tokens (synthetic.MQARTask.probe_document: each key queried once, so
+  each answer's only source is its pair, at a distance spread up to L), through the Generator's
+  cached chunks (token_scores); None for a length too short for the pairs and their queries."""
   edges = [0] + list(lengths)
   out = {'task': task.spec.name, 'documents': int(count), 'lengths': {}}
   for length in lengths:
-    if length + 1 < task.haystack_start + 2:
+    if length < 4 * task.spec.pairs:
       out['lengths'][str(length)] = None
       continue
-    docs = synthetic_documents(task, length + 1, count)
+    docs = synthetic_documents(task, length + 1, count, probes=True)
     scored = [gen.token_scores(docs[i:i + batch]) for i in range(0, count, batch)]
     nll, pred = (np.concatenate(x) for x in zip(*scored))
     mask = np.stack([task.answer_mask(d) for d in docs])
