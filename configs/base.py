@@ -145,7 +145,7 @@ def _data_fields() -> dict:
       mix_tasks=_iterator(''),  # comma-separated task names, or 'all' ('': none)
       mix_ratio=_iterator(0.0),  # share of the training tokens in task documents (0: off)
       mix_tokens=_iterator(0),  # tokens per task document, BOS included (0: data.seq_len / 2)
-      # source=synthetic: bigram_backcopy | icl_bigram (see synthetic.py)
+      # source=synthetic: bigram_backcopy | icl_bigram | mqar (see synthetic.py)
       task=_iterator('bigram_backcopy'),
       synthetic=_iterator(dict(  # source=synthetic; data.tokenizer is not used
           vocab=64,             # regular tokens (ids 0..vocab-1); BOS is id vocab
@@ -154,6 +154,14 @@ def _data_fields() -> dict:
           doc_len=0,            # tokens per document, BOS included (0: seq_len + 1, one per window)
           task_seed=0,          # draws the triggers and transition matrix (config.seed: the data)
           copy_share=0.0,       # share of targets that follow a trigger (0: the chain decides)
+          # task=mqar (multi-query associative recall): the vocab's first key_tokens ids are
+          # keys, the next value_tokens values, the rest filler
+          pairs=8,              # key-value pairs after BOS (each document's own map)
+          key_tokens=16,
+          value_tokens=16,
+          query_rate=0.25,      # share of the haystack's tokens that are query keys (in (0, 0.5])
+          filler='uniform',     # uniform | skip_bigram (from the row of the token two back,
+                                # `branching` successors each)
       )),
   )
 

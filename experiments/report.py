@@ -408,11 +408,15 @@ def long_context_tables(experiment, results: list[Result]) -> str:
       out.append(f'Long context, `{label}`: no evaluation has finished.')
       continue
     lengths, buckets = some['lengths'], [(b['from'], b['to']) for b in some['loss']['buckets']]
+    retrieval = (some.get('retrieval') or {}).get('task')  # a synthetic task's own (mqar)
     heads = (['run', 'seeds'] + [f'loss {a}-{b}' for a, b in buckets] +
-             [f'RULER {n}' for n in lengths])
+             [f'{retrieval or "RULER"} {n}' for n in lengths])
+    what = (f'{retrieval}: % of the answers exact (teacher-forced greedy), '
+            f'{some["examples_per_cell"]} held-out documents a length' if retrieval else
+            f'RULER: % exact match, mean over the tasks that fit, {some["examples_per_cell"]} '
+            'prompts a task and length')
     lines = [f'Long context, `{label}` ({some["rope_tag"]}; evaluated at step {some["step"]} of '
-             f'the run trained at {some["train_seq_len"]} tokens; RULER: % exact match, mean over '
-             f'the tasks that fit, {some["examples_per_cell"]} prompts a task and length):', '',
+             f'the run trained at {some["train_seq_len"]} tokens; {what}):', '',
              '| ' + ' | '.join(heads) + ' |', '|' + '---|' * len(heads)]
     for group, rs in by_group(experiment, results).items():
       done = [r.long_context.get(label) for r in rs if r.long_context.get(label)]
@@ -451,8 +455,11 @@ def long_context_figure(experiment, results: list[Result]) -> Figure:
       axes[0, j].axvline(done[0]['train_seq_len'], color='gray', ls=':', lw=1)
     axes[0, j].set(xscale='log', xlabel='position', ylabel='loss (nats/token)',
                    title=f'{label}: loss by position')
+    some = next((r.long_context[label] for r in results if r.long_context.get(label)), {})
+    retrieval = (some.get('retrieval') or {}).get('task')
     axes[1, j].set(xlabel='prompt length (tokens)', ylabel='exact match (%)', ylim=(-2, 102),
-                   title=f'{label}: RULER-style tasks')
+                   title=f'{label}: ' + (f'{retrieval} retrieval' if retrieval else
+                                         'RULER-style tasks'))
     for ax in axes[:, j]:
       if ax.lines:
         ax.legend(fontsize=7)

@@ -187,7 +187,7 @@ class SyntheticData(Data):
     tokens_n = np.concatenate([d[1:] for d in docs])
     p = np.bincount(tokens_n, minlength=spec.vocab) / len(tokens_n)
     p = p[p > 0]
-    return {
+    out = {
         'source': 'synthetic', 'task': spec.name, 'vocab': spec.vocab,
         'triggers': [int(t) for t in task.triggers], 'branching': spec.branching,
         'doc_len': spec.doc_len, 'task_seed': spec.task_seed, 'num_documents': 'unbounded',
@@ -197,6 +197,15 @@ class SyntheticData(Data):
         'optimal_loss': float(np.mean(np.concatenate([task.target_entropy(d) for d in docs]))),
         'entropy_sample_tokens': int(len(tokens_n)),
     }
+    if task.has_answers:  # mqar: its sizes; the answers' share of the targets, their distances
+      answers = np.concatenate([task.answer_mask(d) for d in docs])
+      distance = np.concatenate([task.answer_distance(d) for d in docs])[answers]
+      del out['branching']
+      out.update(pairs=spec.pairs, key_tokens=spec.key_tokens, value_tokens=spec.value_tokens,
+                 query_rate=spec.query_rate, answer_fraction=float(answers.mean()),
+                 answers_per_document=float(answers.sum() / len(docs)),
+                 mean_answer_distance=float(distance.mean()) if len(distance) else None)
+    return out
 
 
 def _build_synthetic(data_cfg, global_batch_size: int, seed: int, process_index: int,

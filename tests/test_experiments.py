@@ -391,3 +391,30 @@ def test_seeds_of_a_group_train_as_one_program(tmp_path):
   size = log.stat().st_size
   assert run.main([str(path), '--out', str(out), '--batch-seeds']) == 0   # done: not again
   assert log.stat().st_size == size
+
+
+def test_long_context_tables_name_a_synthetic_retrieval_task(tmp_path):
+  """A synthetic run's long-context reports (mqar accuracy in the RULER shape): the table's
+  columns are named after the task and hold the mean over seeds of its accuracy in %."""
+  path = tmp_path / 'lc.py'
+  path.write_text(LONG_CONTEXT_EXPERIMENT.replace("VARIANTS = ['g1_elementwise']",
+                                                  "VARIANTS = ['g1_elementwise']\nSEEDS = [0, 1]"))
+  exp = spec.load(str(path), report.METRICS)
+
+  def rep(acc):
+    return {'lengths': [32, 128], 'rope_tag': 'rope1e+06', 'step': 2, 'train_seq_len': 64,
+            'examples_per_cell': 8,
+            'loss': {'buckets': [{'from': 0, 'to': 32, 'loss': 1.0},
+                                 {'from': 32, 'to': 128, 'loss': 2.0}],
+                     'curve': {'position': [0, 64], 'loss': [1.0, 2.0]}},
+            'ruler': {'mqar': {'32': acc, '128': acc / 2}},
+            'retrieval': {'task': 'mqar', 'documents': 8, 'lengths': {}}}
+
+  results = [report.Result(r, {'status': 'done'}, None, [], {'rope': rep(a), 'yarn': rep(a)})
+             for r, a in zip(exp.runs, (0.5, 0.7))]
+  text = report.long_context_tables(exp, results)
+  assert 'mqar: % of the answers exact (teacher-forced greedy), 8 held-out documents' in text
+  assert '| run | seeds | loss 0-32 | loss 32-128 | mqar 32 | mqar 128 |' in text
+  row = next(l for l in text.splitlines() if l.startswith('| g1_elementwise | 2/2 | '))
+  assert row.split(' | ')[4].startswith('60.0') and row.split(' | ')[5].startswith('30.0')
+  assert report.long_context_figure(exp, results) is not None

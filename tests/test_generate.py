@@ -107,6 +107,27 @@ def test_token_nll_equals_cross_entropy_of_the_full_forward(gen):
   np.testing.assert_allclose(got, want, **TOL)
 
 
+def test_token_scores_equal_the_full_forward(gen):
+  """token_scores through cached chunks: the loss equals token_nll and the full forward pass's
+  cross-entropy, the prediction equals the full forward pass's argmax (numpy) at every position
+  but where the logits' top two tie within float32 rounding (the same rule either way)."""
+  tokens = np.asarray(jax.random.randint(jax.random.key(7), (B, 15), 0, gen.cfg.vocab_size))
+  full = np.asarray(_full_logits(gen, tokens))[:, :-1]
+  nll, pred = gen.token_scores(tokens)                # chunks of 4, 4, 4, 2
+  assert pred.shape == nll.shape == (B, 14) and pred.dtype == np.int32
+  np.testing.assert_array_equal(nll, gen.token_nll(tokens))
+  logp = full - np.log(np.exp(full - full.max(-1, keepdims=True)).sum(-1, keepdims=True)) - \
+      full.max(-1, keepdims=True)
+  np.testing.assert_allclose(nll, -np.take_along_axis(logp, tokens[:, 1:, None], -1)[..., 0],
+                             **TOL)
+  top2 = np.sort(full, axis=-1)[..., -2:]
+  clear = top2[..., 1] - top2[..., 0] > 1e-4
+  assert clear.mean() > 0.9
+  np.testing.assert_array_equal(pred[clear], full.argmax(-1)[clear])
+  picked = np.take_along_axis(full, pred[..., None], -1)[..., 0]
+  np.testing.assert_allclose(picked, full.max(-1), **TOL)   # ties: one of the largest
+
+
 def test_ragged_greedy_batch_equals_one_prompt_at_a_time_and_no_cache(gen):
   prompts = [[1, 5, 9, 2, 7, 3], [1, 4], [1, 8, 8, 8]]
   batch = gen.generate(prompts, max_new_tokens=7)

@@ -90,14 +90,14 @@ def test_default_documents_are_unchanged():
   (this hash was taken from the code before it), so earlier runs' data stay the same."""
   import hashlib
   h = hashlib.sha256()
-  for name in synthetic.TASKS:
+  for name in synthetic.CHAIN_TASKS:  # the tasks that existed when the hash was taken
     task = synthetic.make_task(synth_cfg(name, seq_len=64, vocab=32, triggers=4, branching=3))
     for i in range(20):
       h.update(synthetic.train_stream(task, 3)(i).tobytes())
   assert h.hexdigest() == '5ddca81fe6f83766f99e44d00dd93f1ee56cc15bd4a4976551004620f203074c'
 
 
-@pytest.mark.parametrize('name', synthetic.TASKS)
+@pytest.mark.parametrize('name', synthetic.CHAIN_TASKS)
 @pytest.mark.parametrize('copy_share', [0.05, 0.3])
 def test_copy_share_sets_the_share_of_trigger_targets(name, copy_share):
   """With copy_share > 0, a trigger follows a non-trigger token with probability
@@ -157,6 +157,214 @@ def test_icl_bigram_statistics():
   assert len(outputs) > 4 and not task.is_trigger_V[list(outputs)].any()
   h = task.target_entropy(np.concatenate([[16], docs[0]]))
   assert h.shape == (256,) and (h >= 0).all()
+
+
+def mqar_task(doc_len=129, **overrides):
+  settings = dict(vocab=40, pairs=6, key_tokens=10, value_tokens=12, query_rate=0.2)
+  settings.update(overrides)
+  return synthetic.make_task(synth_cfg('mqar', doc_len=doc_len, **settings))
+
+
+def test_mqar_documents_pairs_first_and_every_answer_is_its_keys_value():
+  """BOS, then `pairs` distinct keys each followed by a value token, then a haystack of filler
+  tokens and queries; each query key is one of the document's keys and is followed by the value
+  it has in that document's pairs (an explicit dict per document); the map differs between
+  documents; documents are deterministic per (stream, index) and the stream pickles."""
+  import pickle
+  task = mqar_task()
+  keys, values, filler = range(10), range(10, 22), range(22, 40)
+  stream = synthetic.train_stream(task, seed=4)
+  maps = set()
+  for i in range(100):
+    doc = stream(i)
+    assert doc.dtype == np.int32 and doc.shape == (129,) and doc[0] == 40 == task.bos_id
+    pairs = doc[1:13].reshape(6, 2)
+    assert set(pairs[:, 0]) <= set(keys) and len(set(pairs[:, 0])) == 6
+    assert set(pairs[:, 1]) <= set(values)
+    value_of = dict(pairs.tolist())
+    maps.add(tuple(sorted(value_of.items())))
+    hay = doc[13:].tolist()
+    t = 0
+    while t < len(hay):
+      if hay[t] in keys:
+        assert hay[t] in value_of
+        if t + 1 < len(hay):
+          assert hay[t + 1] == value_of[hay[t]]
+        t += 2
+      else:
+        assert hay[t] in filler
+        t += 1
+  assert len(maps) == 100
+  again = pickle.loads(pickle.dumps(stream))
+  np.testing.assert_array_equal(again(7), stream(7))
+  np.testing.assert_array_equal(synthetic.train_stream(mqar_task(), seed=4)(7), stream(7))
+  assert not np.array_equal(stream(7), synthetic.train_stream(task, seed=5)(7))
+  assert not np.array_equal(stream(7), synthetic.val_stream(task)(7))
+
+
+def test_mqar_queries_per_token_do_not_depend_on_the_length():
+  """The haystack is a stationary process: query keys are a share query_rate of its tokens at
+  every document length (within 5 standard errors), so a longer document has more queries and
+  puts them further from the pairs; after any token but a query key, a query starts with
+  probability r = q / (1 - q)."""
+  q = 0.2
+  r = q / (1 - q)
+  mean_distance = []
+  for doc_len in (65, 257, 1025):
+    task = mqar_task(doc_len=doc_len, query_rate=q)
+    docs = np.stack([synthetic.val_stream(task)(i) for i in range(24576 // doc_len)])
+    hay = docs[:, 13:]
+    is_key = hay < 10
+    n = is_key.size
+    assert abs(is_key.mean() - q) < 5 * np.sqrt(q * (1 - q) / n), doc_len
+    starts = is_key[:, 1:][~is_key[:, :-1]]
+    assert abs(starts.mean() - r) < 5 * np.sqrt(r * (1 - r) / starts.size), doc_len
+    mean_distance.append(np.mean(np.concatenate([task.answer_distance(d)[task.answer_mask(d)]
+                                                 for d in docs])))
+  assert mean_distance[0] < mean_distance[1] < mean_distance[2]
+  assert mean_distance[2] > 400  # about half the document's length
+
+
+def test_mqar_answer_mask_and_distance_against_a_loop():
+  """answer_mask: targets t with doc[t] a key in the haystack; answer_distance: t minus the
+  position of that key in the pairs. The plain loop here is the reference."""
+  task = mqar_task(doc_len=90, query_rate=0.4)
+  for i in range(20):
+    doc = synthetic.val_stream(task)(i)
+    where = {int(doc[j]): j for j in range(1, 13, 2)}
+    mask, dist = np.zeros(89, bool), np.zeros(89, int)
+    for t in range(13, 89):
+      if doc[t] < 10:
+        mask[t], dist[t] = True, t - where[int(doc[t])]
+    np.testing.assert_array_equal(task.answer_mask(doc), mask)
+    np.testing.assert_array_equal(task.answer_distance(doc), dist)
+    assert mask.any() and (dist[mask] >= 2).all()
+    np.testing.assert_array_equal(doc[1:][mask], [doc[where[int(doc[t])] + 1]
+                                                  for t in np.flatnonzero(mask)])
+
+
+def test_mqar_target_entropy_is_the_true_next_token_distribution():
+  """From explicit distributions: the i-th pair key is uniform over the key tokens not yet used,
+  a pair value uniform over the value tokens, an answer certain, and any other haystack token
+  r / pairs on each of the document's keys and (1 - r) / filler on each filler token. The
+  generated haystack's counts agree with that distribution (a chi-square bound)."""
+  task = mqar_task(query_rate=0.25)
+  r = 0.25 / 0.75
+  p = np.concatenate([np.full(6, r / 6), np.full(18, (1 - r) / 18)])
+  haystack_h = -(p * np.log(p)).sum()
+  doc = synthetic.train_stream(task, 0)(3)
+  h = task.target_entropy(doc)
+  assert h.shape == (128,)
+  np.testing.assert_allclose(h[0:12:2], np.log(10 - np.arange(6)), rtol=1e-12)
+  np.testing.assert_allclose(h[1:12:2], np.log(12), rtol=1e-12)
+  mask = task.answer_mask(doc)
+  np.testing.assert_array_equal(h[mask], 0.0)
+  np.testing.assert_allclose(h[12:][~mask[12:]], haystack_h, rtol=1e-12)
+  counts = np.zeros(2)  # after a non-key haystack token: a key of the document, or filler
+  fill = np.zeros(18)
+  for i in range(200):
+    d = synthetic.train_stream(task, 0)(i)[12:]
+    nxt = d[1:][d[:-1] >= 10]
+    counts += [(nxt < 10).sum(), (nxt >= 22).sum()]
+    np.add.at(fill, nxt[nxt >= 22] - 22, 1)
+  expected = counts.sum() * np.array([r, 1 - r])
+  assert ((counts - expected) ** 2 / expected).sum() < 20
+  expected = fill.sum() / 18
+  assert ((fill - expected) ** 2 / expected).sum() < 60   # 17 degrees of freedom
+
+
+def test_mqar_skip_bigram_filler():
+  """filler='skip_bigram': a filler token is drawn from the row of the token two back (the one
+  before the current input), `branching` successors each; target_entropy of every non-answer
+  haystack target is the entropy of the explicit next-token distribution (r / pairs on each key
+  of the document, (1 - r) x that row on the filler tokens); the counts follow the rows."""
+  task = mqar_task(filler='skip_bigram', branching=3, query_rate=0.25)
+  r = 0.25 / 0.75
+  rows = task.skip_VxF
+  assert rows.shape == (40, 18) and ((rows > 0).sum(axis=1) == 3).all()
+  np.testing.assert_allclose(rows.sum(axis=1), 1.0)
+  counts = np.zeros((40, 18))
+  for i in range(150):
+    doc = synthetic.train_stream(task, 2)(i)
+    h, mask = task.target_entropy(doc), task.answer_mask(doc)
+    for t in range(12, 128):                 # target t: doc[t + 1] after input doc[t]
+      if mask[t]:
+        assert h[t] == 0.0
+        continue
+      p = np.concatenate([np.full(6, r / 6), (1 - r) * rows[doc[t - 1]]])
+      p = p[p > 0]
+      np.testing.assert_allclose(h[t], -(p * np.log(p)).sum(), rtol=1e-12)
+      if doc[t + 1] >= 22:
+        counts[doc[t - 1], doc[t + 1] - 22] += 1
+  assert not counts[rows == 0].any()
+  for a in range(40):
+    if counts[a].sum() > 200:
+      expected = counts[a].sum() * rows[a][rows[a] > 0]
+      assert ((counts[a][rows[a] > 0] - expected) ** 2 / expected).sum() < 25  # 2 d.o.f.
+  other = mqar_task(filler='skip_bigram', branching=3, task_seed=1)
+  assert not np.array_equal(other.skip_VxF, rows)
+
+
+@pytest.mark.parametrize('filler', synthetic.FILLERS)
+def test_mqar_probes_query_each_key_once(filler):
+  """probe_document: BOS and the pairs as in document(), then filler in which each of the
+  document's keys is queried exactly once, followed by its value, and no other key appears; the
+  answers' distances spread over the whole length; a deterministic stream of its own; a length
+  that cannot hold the pairs and their queries is refused."""
+  task = mqar_task(doc_len=257, filler=filler, branching=3)
+  probes = synthetic.probe_stream(task)
+  distances = []
+  for i in range(60):
+    doc = probes(i)
+    assert doc.shape == (257,) and doc[0] == 40
+    value_of = dict(doc[1:13].reshape(6, 2).tolist())
+    hay = doc[13:]
+    at = np.flatnonzero(hay < 10)
+    assert sorted(hay[at].tolist()) == sorted(value_of)          # each key once
+    assert [hay[t + 1] for t in at] == [value_of[hay[t]] for t in at]
+    rest = np.ones(len(hay), bool)
+    rest[at], rest[at + 1] = False, False
+    assert (hay[rest] >= 22).all()                                # filler everywhere else
+    mask = task.answer_mask(doc)
+    assert mask.sum() == 6
+    distances += task.answer_distance(doc)[mask].tolist()
+  assert min(distances) < 20 and max(distances) > 230 and 90 < np.mean(distances) < 160
+  np.testing.assert_array_equal(probes(3), synthetic.probe_stream(
+      mqar_task(doc_len=257, filler=filler, branching=3))(3))
+  assert not np.array_equal(probes(3)[13:], synthetic.val_stream(task)(3)[13:])
+  with pytest.raises(DataError, match='needs at least 25 tokens'):
+    synthetic.probe_stream(mqar_task(doc_len=24))(0)
+  with pytest.raises(DataError, match="only data.task='mqar'"):
+    synthetic.probe_stream(synthetic.make_task(synth_cfg('icl_bigram')))
+
+
+def test_mqar_describe_and_its_floor():
+  """describe(): the answers' share and distances; the floor (optimal_loss) is below the loss of
+  a model that knows everything but the retrieval (the answer guessed among the document's
+  values)."""
+  data = build_data(synth_cfg('mqar', seq_len=128), global_batch_size=4, seed=0)
+  d = json.loads(json.dumps(data.describe()))
+  task = data.task
+  assert d['task'] == 'mqar' and d['pairs'] == 8 and d['key_tokens'] == 16
+  assert d['triggers'] == list(range(16)) and d['vocab_size'] == 65
+  assert abs(d['answer_fraction'] - 0.25 * (128 - 16) / 128) < 0.02
+  assert 20 < d['mean_answer_distance'] < 80
+  guess = [task.target_entropy(doc) for doc in (synthetic.val_stream(task)(i) for i in range(64))]
+  no_retrieval = np.mean([np.where(task.answer_mask(doc), np.log(8), h) for doc, h in zip(
+      (synthetic.val_stream(task)(i) for i in range(64)), guess)])
+  assert 0 < d['optimal_loss'] < no_retrieval - 0.3
+  tok = data.tokenizer
+  assert tok.name == 'synthetic:mqar(vocab=64,pairs=8,keys=16,values=16,seed=0)'
+  doc = synthetic.val_stream(task)(0)
+  assert tok.decode(doc).split()[0] == f'*{doc[1]}'
+  np.testing.assert_array_equal(tok.encode_doc(tok.decode(doc)), doc)
+
+
+def test_chain_tasks_have_no_answer_positions():
+  task = synthetic.make_task(synth_cfg('icl_bigram'))
+  assert not task.has_answers
+  with pytest.raises(DataError, match="only data.task='mqar'"):
+    task.answer_mask(synthetic.val_stream(task)(0))
 
 
 def test_backcopy_reaches_its_floor_only_with_the_copy():
@@ -244,6 +452,20 @@ def test_worker_processes_give_the_same_batches():
     (dict(task_seed=-1), r'task_seed=-1 must be >= 0'),
     (dict(copy_share=0.5), r'data.synthetic.copy_share=0.5 must be 0 .* or in \(0, 0.45\]'),
     (dict(copy_share=-0.1), r'copy_share=-0.1 must be'),
+    (dict(task='mqar', key_tokens=30, value_tokens=34),
+     r"data.task='mqar' splits data.synthetic.vocab=64 into key_tokens=30, value_tokens=34 and "
+     r'the filler tokens \(the rest, 0\)'),
+    (dict(task='mqar', key_tokens=0), r'key_tokens=0, value_tokens=16'),
+    (dict(task='mqar', pairs=17), r'data.synthetic.pairs=17 must be in \[1, key_tokens = 16\]'),
+    (dict(task='mqar', pairs=0), r'data.synthetic.pairs=0 must be in'),
+    (dict(task='mqar', query_rate=0.0), r'data.synthetic.query_rate=0.0 must be in \(0, 0.5\]'),
+    (dict(task='mqar', query_rate=0.6), r'query_rate=0.6 must be in'),
+    (dict(task='mqar', pairs=16), r'doc_len=33 .* needs at least 2 x pairs \+ 3 = 35 tokens; '
+     r'raise --config.data.seq_len'),
+    (dict(task='mqar', filler='chain'), r"data.synthetic.filler='chain' must be one of uniform, "
+     r'skip_bigram'),
+    (dict(task='mqar', filler='skip_bigram', branching=33),
+     r'data.synthetic.branching=33 must be in \[1, filler tokens = 32\]'),
 ])
 def test_bad_settings_fail_clearly(overrides, match):
   task = overrides.pop('task', 'bigram_backcopy')

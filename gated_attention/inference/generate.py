@@ -4,6 +4,7 @@
     out = gen.generate([[bos, 5, 9], [bos, 7]], max_new_tokens=64, temperature=0.8, top_p=0.95)
     out.tokens[0], out.finished[0]                  # generated ids; True if it stopped at EOS
     logits_BxTxV = gen.logits(tokens_BxT)           # chunked prefill: long inputs, [T, T] never held
+    nll_BxT1, argmax_BxT1 = gen.token_scores(tokens_BxT)  # per-token loss and greedy guess, chunked
 
 Prompts of different lengths are batched right-padded: every sequence keeps positions 0, 1, ...
 (RoPE needs no offsets) and decodes at its own position; padding slots in the cache are masked
@@ -55,6 +56,11 @@ def sample_token(logits_BxV: jax.Array, key: jax.Array, temperature: float,
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
+def _nll(logits_BxCxV: jax.Array, targets_BxC: jax.Array) -> jax.Array:
+  logp = jax.nn.log_softmax(logits_BxCxV, axis=-1)
+  return -jnp.take_along_axis(logp, targets_BxC[..., None], axis=-1)[..., 0]
+
+
 @dataclasses.dataclass
 class Output:
   """Per prompt: the generated ids (without the EOS), whether it stopped at EOS, and the
@@ -100,13 +106,17 @@ class Generator:
   @functools.partial(jax.jit, static_argnums=0)
   def _chunk_nll(self, state, tokens_BxC, targets_BxC, start_B, kv):
     logits, kv = self._decode(state, tokens_BxC, start_B, kv)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.take_along_axis(logp, targets_BxC[..., None], axis=-1)[..., 0], kv
+    return _nll(logits, targets_BxC), kv
 
-  def token_nll(self, tokens_BxT) -> np.ndarray:
-    """Per-token cross-entropy (nats) [B, T-1] of whole sequences: position t scores token t+1.
-    Computed chunk by chunk through the cache, so no [T, T] attention or [T, V] logits of the
-    whole sequence is ever held (long-context evaluation)."""
+  @functools.partial(jax.jit, static_argnums=0)
+  def _chunk_scores(self, state, tokens_BxC, targets_BxC, start_B, kv):
+    logits, kv = self._decode(state, tokens_BxC, start_B, kv)
+    return _nll(logits, targets_BxC), jnp.argmax(logits, axis=-1).astype(jnp.int32), kv
+
+  def _by_chunk(self, step, tokens_BxT) -> list[np.ndarray]:
+    """`step`(state, inputs [B, C], targets [B, C], start [B], kv) -> (*outputs [B, C], kv) run
+    over whole sequences chunk by chunk through the cache; each output [B, T-1] (position t
+    scores token t+1)."""
     tokens_BxT = np.asarray(tokens_BxT, np.int32)
     B, T = tokens_BxT.shape
     self._check_len(T - 1, 0)
@@ -115,10 +125,23 @@ class Generator:
       n = min(self.chunk, T - 1 - s)
       piece = np.zeros((B, 2, min(self.chunk, self.max_len - s)), np.int32)
       piece[:, 0, :n], piece[:, 1, :n] = tokens_BxT[:, s:s + n], tokens_BxT[:, s + 1:s + 1 + n]
-      nll, kv = self._chunk_nll(self.state, jnp.asarray(piece[:, 0]), jnp.asarray(piece[:, 1]),
-                                jnp.full((B,), s, jnp.int32), kv)
-      out.append(np.asarray(nll[:, :n]))
-    return np.concatenate(out, axis=1)
+      *outputs, kv = step(self.state, jnp.asarray(piece[:, 0]), jnp.asarray(piece[:, 1]),
+                          jnp.full((B,), s, jnp.int32), kv)
+      out.append([np.asarray(o[:, :n]) for o in outputs])
+    return [np.concatenate(parts, axis=1) for parts in zip(*out)]
+
+  def token_nll(self, tokens_BxT) -> np.ndarray:
+    """Per-token cross-entropy (nats) [B, T-1] of whole sequences: position t scores token t+1.
+    Computed chunk by chunk through the cache, so no [T, T] attention or [T, V] logits of the
+    whole sequence is ever held (long-context evaluation)."""
+    return self._by_chunk(self._chunk_nll, tokens_BxT)[0]
+
+  def token_scores(self, tokens_BxT) -> tuple[np.ndarray, np.ndarray]:
+    """token_nll's cross-entropy [B, T-1] and the model's greedy prediction int32 [B, T-1] (the
+    argmax of the logits at position t, a guess of token t+1: teacher-forced exact match),
+    chunked through the cache like token_nll."""
+    nll, argmax = self._by_chunk(self._chunk_scores, tokens_BxT)
+    return nll, argmax
 
   @functools.partial(jax.jit, static_argnums=0)
   def _full(self, state, tokens_BxS):

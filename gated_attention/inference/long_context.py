@@ -13,6 +13,16 @@ in miniature):
   * RULER-style retrieval (input_pipeline/ruler.py; Hsieh et al. 2024): needle-in-a-haystack
     (single, multi-key, multi-value) and variable tracking, prompts of L tokens whose haystack is
     held-out text, answered greedily and scored by exact match.
+A run on a synthetic task (data.source='synthetic') has no text: its held-out documents for the
+loss are the task's validation stream generated at the largest length + 1, and for a task with
+answer positions (data.task='mqar', multi-query associative recall; input_pipeline/synthetic.py)
+the retrieval measurement replaces RULER: at each length L, the share of the answers (the value
+after each query key) of `long_context.examples` held-out retrieval probes of L + 1 tokens (the
+pairs, then filler in which each key is queried once: the pair is each answer's only source)
+that the model's teacher-forced greedy prediction gets exactly right (the per-query accuracy of
+Arora et al. 2023, "Zoology"), overall and by the distance from the query back to its key-value
+pair in the same buckets as the loss (report['ruler'] = {'mqar': {L: accuracy}}, the RULER shape;
+report['retrieval'] the answers' counts, loss and the accuracy by distance).
 The RoPE settings (model.rope_base, model.rope_scaling) may be overridden on top of the run's
 saved config, so one checkpoint is evaluated with and without YaRN; each setting writes its own
 RUN/long_context/<tag>/ (report.json, long_context.md, loss_by_position.png, ruler.png), the tag
@@ -21,6 +31,7 @@ Attention runs through the KV cache in chunks of `chunk` tokens (generate.py): a
 [batch, heads, chunk, length] scores exist at once, never [length, length] per head.
 """
 
+import dataclasses
 import os
 
 import numpy as np
@@ -28,6 +39,7 @@ import numpy as np
 from gated_attention.analysis import plots
 from gated_attention.errors import UserError
 from input_pipeline import ruler
+from input_pipeline import synthetic
 
 
 class LongContextError(UserError, ValueError):
@@ -72,6 +84,53 @@ def long_documents(data, min_tokens: int, count: int) -> np.ndarray:
   return np.stack(out).astype(np.int32)
 
 
+def synthetic_documents(task, num_tokens: int, count: int, probes: bool = False) -> np.ndarray:
+  """int32 [count, num_tokens]: the first `count` documents of the task's validation stream (never
+  trained on), or with `probes` of its retrieval probes (mqar: each key queried once), generated
+  at doc_len = num_tokens (BOS first)."""
+  task = synthetic.task_of(dataclasses.replace(task.spec, doc_len=num_tokens))
+  stream = synthetic.probe_stream(task) if probes else synthetic.val_stream(task)
+  return np.stack([stream(i) for i in range(count)]).astype(np.int32)
+
+
+def answer_accuracy(docs_NxT: np.ndarray, pred_NxT1: np.ndarray, nll_NxT1: np.ndarray,
+                    mask_NxT1: np.ndarray, distance_NxT1: np.ndarray, edges: list[int]) -> dict:
+  """Exact match of the predictions at the answer positions (mask): prediction t == token t+1.
+  Overall, the mean loss there, and per distance bucket [edges[i], edges[i+1]) (None where a
+  bucket has no answer)."""
+  right = (pred_NxT1 == docs_NxT[:, 1:])[mask_NxT1]
+  dist = distance_NxT1[mask_NxT1]
+  buckets = []
+  for a, b in zip(edges[:-1], edges[1:]):
+    inside = (dist >= a) & (dist < b)
+    buckets.append({'from': int(a), 'to': int(b), 'answers': int(inside.sum()),
+                    'accuracy': float(right[inside].mean()) if inside.any() else None})
+  return {'answers': int(mask_NxT1.sum()),
+          'accuracy': float(right.mean()) if right.size else None,
+          'answer_loss': float(nll_NxT1[mask_NxT1].mean()) if right.size else None,
+          'by_distance': buckets}
+
+
+def retrieval_accuracy(gen, task, lengths: list[int], count: int, batch: int) -> dict:
+  """A synthetic task with answer positions (mqar), per length L: answer_accuracy on `count`
+  retrieval probes of L + 1 tokens (synthetic.MQARTask.probe_document: each key queried once, so
+  each answer's only source is its pair, at a distance spread up to L), through the Generator's
+  cached chunks (token_scores); None for a length too short for the pairs and their queries."""
+  edges = [0] + list(lengths)
+  out = {'task': task.spec.name, 'documents': int(count), 'lengths': {}}
+  for length in lengths:
+    if length < 4 * task.spec.pairs:
+      out['lengths'][str(length)] = None
+      continue
+    docs = synthetic_documents(task, length + 1, count, probes=True)
+    scored = [gen.token_scores(docs[i:i + batch]) for i in range(0, count, batch)]
+    nll, pred = (np.concatenate(x) for x in zip(*scored))
+    mask = np.stack([task.answer_mask(d) for d in docs])
+    distance = np.stack([task.answer_distance(d) for d in docs])
+    out['lengths'][str(length)] = answer_accuracy(docs, pred, nll, mask, distance, edges)
+  return out
+
+
 def loss_by_position(gen, tokens_NxT: np.ndarray, lengths: list[int], batch: int) -> dict:
   """Mean cross-entropy per bucket [0, L1), [L1, L2), ... and a 64-bin curve over positions."""
   nll = np.concatenate([gen.token_nll(tokens_NxT[i:i + batch])
@@ -111,6 +170,7 @@ def ruler_accuracy(gen, data, tasks, lengths, count: int, seed: int, batch: int)
 
 def table(report) -> str:
   lengths = report['lengths']
+  retrieval = report.get('retrieval')
   lines = [f'# {report["variant"]} step {report["step"]}, {report["rope_tag"]} '
            f'(trained at {report["train_seq_len"]} tokens)', '',
            '| loss by position | ' + ' | '.join(f'{b["from"]}-{b["to"]}'
@@ -118,7 +178,8 @@ def table(report) -> str:
            '|---|' + '---|' * len(lengths),
            '| cross-entropy (nats) | ' + ' | '.join(f'{b["loss"]:.3f}'
                                                    for b in report['loss']['buckets']) + ' |', '',
-           '| RULER task | ' + ' | '.join(str(n) for n in lengths) + ' |',
+           ('| retrieval, % of answers exact | ' if retrieval else '| RULER task | ') +
+           ' | '.join(str(n) for n in lengths) + ' |',
            '|---|' + '---|' * len(lengths)]
   pct = lambda x: '-' if x is None else f'{100 * x:.1f}'  # noqa: E731
   for task, acc in report['ruler'].items():
@@ -126,6 +187,16 @@ def table(report) -> str:
   if len(report['ruler']) > 1:
     mean = [_mean([acc[str(n)] for acc in report['ruler'].values()]) for n in lengths]
     lines.append('| mean (tasks that fit) | ' + ' | '.join(pct(m) for m in mean) + ' |')
+  if retrieval:
+    lines += ['', f'| {retrieval["task"]}: % exact by distance (answers) | ' +
+              ' | '.join(f'{a}-{b}' for a, b in zip([0] + lengths[:-1], lengths)) + ' |',
+              '|---|' + '---|' * len(lengths)]
+    for n in lengths:
+      cell = retrieval['lengths'][str(n)]
+      if cell is not None:
+        lines.append(f'| length {n} ({cell["answers"]} answers) | ' + ' | '.join(
+            '' if b['accuracy'] is None else f'{pct(b["accuracy"])} ({b["answers"]})'
+            for b in cell['by_distance']) + ' |')
   return '\n'.join(lines) + '\n'
 
 

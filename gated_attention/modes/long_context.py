@@ -6,6 +6,8 @@
       --config.model.rope_scaling.original_max_len=1024        # evaluated with YaRN, no training
 
 Writes RUN/long_context/<tag>/ (report.json, long_context.md, loss_by_position.png, ruler.png).
+A synthetic run is scored on its task's generated validation documents, and a task with answer
+positions (mqar) by its retrieval accuracy instead of the RULER text tasks.
 """
 
 import json
@@ -31,7 +33,9 @@ def run(workdir: str, *, overrides: dict | None = None) -> dict:
   run_ = rundir.load_run(workdir, None if opts.step < 0 else opts.step, config=cfg)
   data = input_pipeline.build_data(cfg.data, global_batch_size=1, seed=cfg.seed)
   gen = generate.Generator(run_.model, max_len=max(lengths) + 64, chunk=opts.chunk)
-  docs = long_context.long_documents(data, max(lengths) + 1, opts.docs)
+  task = getattr(data, 'task', None)  # a synthetic task: generated documents, its own retrieval
+  docs = (long_context.synthetic_documents(task, max(lengths) + 1, opts.docs) if task else
+          long_context.long_documents(data, max(lengths) + 1, opts.docs))
   report = {'workdir': os.path.abspath(workdir), 'variant': cfg.get('variant', ''),
             'step': run_.step, 'train_seq_len': int(cfg.data.seq_len),
             'rope_tag': long_context.rope_tag(run_.model_cfg),
@@ -41,10 +45,18 @@ def run(workdir: str, *, overrides: dict | None = None) -> dict:
   print(f'loss by position over {report["loss"]["documents"]} held-out documents: ' +
         ', '.join(f'{b["from"]}-{b["to"]} {b["loss"]:.3f}' for b in report['loss']['buckets']),
         flush=True)
-  tasks = ruler.parse_tasks(opts.tasks) if opts.tasks else ()
-  report['ruler'] = long_context.ruler_accuracy(
-      gen, data, tasks, lengths, opts.examples, opts.seed,
-      opts.batch_size) if tasks and opts.examples else {}
+  if task is not None:  # the RULER tasks are text; a task with answers (mqar) scores its own
+    report['ruler'] = {}
+    if task.has_answers and opts.examples:
+      report['retrieval'] = long_context.retrieval_accuracy(gen, task, lengths, opts.examples,
+                                                            opts.batch_size)
+      report['ruler'] = {task.spec.name: {n: None if r is None else r['accuracy']
+                                          for n, r in report['retrieval']['lengths'].items()}}
+  else:
+    tasks = ruler.parse_tasks(opts.tasks) if opts.tasks else ()
+    report['ruler'] = long_context.ruler_accuracy(
+        gen, data, tasks, lengths, opts.examples, opts.seed,
+        opts.batch_size) if tasks and opts.examples else {}
   report['examples_per_cell'] = int(opts.examples)
   report['seconds'] = round(time.time() - t0, 1)
   out_dir = os.path.join(workdir, rundir.LONG_CONTEXT_DIR, opts.tag or report['rope_tag'])
