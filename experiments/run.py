@@ -232,10 +232,17 @@ def _trained(workdir: str) -> bool:
 def _finished(experiment, run, out: str) -> bool:
   """runner.json says done (or diverged) with the command of today's experiment file (the
   compilation cache's directory aside)."""
-  state = report.read_runner(_workdir(out, run))
-  command = spec.shell(run.train_args(experiment.scale, _workdir(out, run)), 'python')
-  return (state.get('status') in ('done', 'diverged')
-          and _same_command(state.get('command'), command))
+  workdir = _workdir(out, run)
+  state = report.read_runner(workdir)
+  command = spec.shell(run.train_args(experiment.scale, workdir), 'python')
+  if not (state.get('status') in ('done', 'diverged')
+          and _same_command(state.get('command'), command)):
+    return False
+  if state['status'] == 'done' and experiment.long_context:  # a runner stopped inside the stage
+    evaluated = report.extended_dir(workdir) if experiment.extend else workdir
+    return all(report.read_long_context(evaluated, label) is not None
+               for label in experiment.long_context)
+  return True
 
 
 BATCH_KEYS = ('seeds_command', 'seeds_seconds', 'seeds_runs', 'seeds_exit')  # runner.json
@@ -273,6 +280,7 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
   state.update(analyze_seconds=seconds,
                status='done' if rc == 0 else f'analysis failed (exit {rc})')
   if rc == 0 and experiment.long_context:
+    state['status'] = 'long context'  # until the stage ends: a runner stopped inside resumes it
     _write_runner(workdir, state)
     state['status'] = _long_context(experiment, workdir, state, cache)
   state['finished'] = _now()

@@ -3,6 +3,7 @@
 import json
 import os
 import shlex
+import shutil
 import textwrap
 
 import pytest
@@ -298,6 +299,31 @@ LONG_CONTEXT_EXPERIMENT = textwrap.dedent('''\
     ''')
 
 
+def test_a_run_stopped_inside_the_long_context_stage_is_not_finished(tmp_path):
+  """runner.json says 'long context' while the run is extended and evaluated; a run whose record
+  says done (as the runner wrote before this stage had a status of its own) counts as finished
+  only once every LONG_CONTEXT label has its report, so a stopped runner resumes the stage."""
+  path = tmp_path / 'lc.py'
+  path.write_text(LONG_CONTEXT_EXPERIMENT)
+  experiment = spec.load(str(path), report.METRICS)
+  (r,) = experiment.runs
+  out = str(tmp_path / 'out')
+  workdir = os.path.join(out, 'runs', r.name)
+  os.makedirs(workdir)
+  command = spec.shell(r.train_args(experiment.scale, workdir), 'python')
+  run._write_runner(workdir, {'status': 'long context', 'command': command})
+  assert not run._finished(experiment, r, out)
+  run._write_runner(workdir, {'status': 'done', 'command': command})
+  assert not run._finished(experiment, r, out)
+  evaluated = report.extended_dir(workdir)
+  for i, label in enumerate(experiment.long_context):
+    assert not run._finished(experiment, r, out)
+    os.makedirs(os.path.join(evaluated, 'long_context', label))
+    with open(os.path.join(evaluated, 'long_context', label, 'report.json'), 'w') as f:
+      json.dump({'label': label}, f)
+  assert i == 1 and run._finished(experiment, r, out)
+
+
 @pytest.mark.slow  # five main.py processes (~1 min); the stages' parts have default tests
 def test_extension_and_long_context_stages(tmp_path, capsys):
   """Train, analyse, extend (in <run>/extended) and evaluate twice; the tables and the figure;
@@ -325,6 +351,14 @@ def test_extension_and_long_context_stages(tmp_path, capsys):
   capsys.readouterr()
   assert run.main([str(path), '--out', str(out)]) == 0       # everything done: nothing reruns
   assert {name: (workdir / name).stat().st_size for name in logs} == logs
+  # Stopped inside the stage (one label's report missing): the rerun evaluates that label only.
+  shutil.rmtree(workdir / 'extended' / 'long_context' / 'yarn')
+  extend_log = (workdir / 'extend.log').stat().st_size
+  assert run.main([str(path), '--out', str(out)]) == 0
+  assert (workdir / 'extend.log').stat().st_size == extend_log
+  assert (workdir / 'long_context.log').stat().st_size > logs['long_context.log']
+  assert report.read_long_context(str(workdir / 'extended'), 'yarn')['train_seq_len'] == 64
+  assert json.loads((workdir / 'runner.json').read_text())['status'] == 'done'
   capsys.readouterr()
   assert run.main([str(path), '--out', str(out), '--print-commands=main']) == 0
   (line,) = capsys.readouterr().out.splitlines()
