@@ -57,6 +57,7 @@ import concurrent.futures
 import datetime
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -257,6 +258,10 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
   state = report.read_runner(workdir)
   if _finished(experiment, run, out):
     return state  # finished (a diverged run diverges again: rerun it by deleting runner.json)
+  # A run recorded with another command (e.g. more train.steps in the experiment file) goes back
+  # to main.py, which resumes it or refuses an incompatible change with the reason.
+  changed = (state.get('command') is not None
+             and not _same_command(state['command'], spec.shell(train_args, 'python')))
   os.makedirs(workdir, exist_ok=True)
   state = {'run': run.name, 'group': run.group, 'variant': run.variant, 'seed': run.seed,
            'command': spec.shell(train_args, 'python'),
@@ -265,7 +270,7 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
            'status': 'training', 'git_commit': git_commit(),
            **{k: state[k] for k in BATCH_KEYS if k in state}}
   _write_runner(workdir, state)
-  if not _trained(workdir):
+  if changed or not _trained(workdir):
     rc, seconds = _call(train_args, os.path.join(workdir, 'train.log'))
     state.update(train_seconds=state['train_seconds'] + seconds, attempts=state['attempts'] + 1)
     calm_step = None if rc else _ended_spiking(workdir)
@@ -365,6 +370,7 @@ def _long_context(experiment, workdir: str, state: dict, cache: str = '') -> str
   evaluated = workdir
   if experiment.extend:
     evaluated = report.extended_dir(workdir)
+    _set_aside_stale_extension(workdir, evaluated)
     args = _cached(experiment.extend_args(workdir, evaluated), cache)
     state['extend_command'] = spec.shell(args, 'python')
     if not _trained(evaluated):
@@ -382,6 +388,30 @@ def _long_context(experiment, workdir: str, state: dict, cache: str = '') -> str
     if rc:
       return f'long-context evaluation {label!r} failed (exit {rc})'
   return 'done'
+
+
+_INITIALISED = re.compile(r'^Initialised from .* \(step (\d+)\)', re.M)  # training/loop.py
+
+
+def _set_aside_stale_extension(workdir: str, extended: str):
+  """An extension (<run>/extended) started from the run's checkpoint at the step its extend.log
+  names; once the run has trained further (more train.steps in the experiment file) it continues
+  an older model, so it is moved aside to extended.from_step_<step>, kept, not deleted, and the
+  run is extended again from its latest checkpoint."""
+  from gated_attention.runs import rundir as runs_lib  # pylint: disable=g-import-not-at-top
+  log = os.path.join(workdir, 'extend.log')
+  if not os.path.isdir(extended) or not os.path.isfile(log):
+    return
+  with open(log) as f:
+    started = [int(m) for m in _INITIALISED.findall(f.read())]
+  latest = runs_lib.latest_step(workdir)
+  if not started or latest is None or started[-1] == latest:
+    return
+  aside = f'{extended}.from_step_{started[-1]}'
+  os.replace(extended, aside)
+  os.replace(log, os.path.join(aside, 'extend.log'))
+  _log(f'{os.path.basename(workdir)}: its extension started from step {started[-1]}, the run is '
+       f'now at step {latest}: moved to {aside}, extending again')
 
 
 def _now() -> str:

@@ -324,6 +324,25 @@ def test_a_run_stopped_inside_the_long_context_stage_is_not_finished(tmp_path):
   assert i == 1 and run._finished(experiment, r, out)
 
 
+def test_an_extension_of_an_older_checkpoint_is_moved_aside_not_deleted(tmp_path):
+  workdir = tmp_path / 'run'
+  for step in ('3000', '6000'):
+    (workdir / 'checkpoints' / step).mkdir(parents=True)
+  extended = workdir / 'extended'
+  (extended / 'checkpoints' / '750').mkdir(parents=True)
+  (workdir / 'extend.log').write_text(
+      f'$ python main.py ...\nInitialised from {workdir} (step 6000): parameters only, ...\n')
+  run._set_aside_stale_extension(str(workdir), str(extended))  # from the latest: kept in place
+  assert (extended / 'checkpoints' / '750').is_dir()
+  (workdir / 'extend.log').write_text(
+      f'$ python main.py ...\nInitialised from {workdir} (step 3000): parameters only, ...\n')
+  run._set_aside_stale_extension(str(workdir), str(extended))
+  aside = workdir / 'extended.from_step_3000'
+  assert not extended.exists() and (aside / 'checkpoints' / '750').is_dir()
+  assert '(step 3000)' in (aside / 'extend.log').read_text()
+  assert not (workdir / 'extend.log').exists()
+
+
 @pytest.mark.slow  # five main.py processes (~1 min); the stages' parts have default tests
 def test_extension_and_long_context_stages(tmp_path, capsys):
   """Train, analyse, extend (in <run>/extended) and evaluate twice; the tables and the figure;
@@ -359,6 +378,18 @@ def test_extension_and_long_context_stages(tmp_path, capsys):
   assert (workdir / 'long_context.log').stat().st_size > logs['long_context.log']
   assert report.read_long_context(str(workdir / 'extended'), 'yarn')['train_seq_len'] == 64
   assert json.loads((workdir / 'runner.json').read_text())['status'] == 'done'
+  # More steps in the experiment file: the run trains on from its checkpoint (its recorded
+  # command differs), and the extension of the older model is moved aside, kept, and redone.
+  path.write_text(LONG_CONTEXT_EXPERIMENT.replace("'train.steps': 4", "'train.steps': 8"))
+  train_log = (workdir / 'train.log').stat().st_size
+  assert run.main([str(path), '--out', str(out)]) == 0
+  assert (workdir / 'train.log').stat().st_size > train_log
+  assert sorted(os.listdir(workdir / 'checkpoints'))[-1] == '8'
+  assert 'Initialised from' in (workdir / 'extended.from_step_4' / 'extend.log').read_text()
+  assert '(step 8)' in (workdir / 'extend.log').read_text()
+  assert report.read_long_context(str(workdir / 'extended'), 'yarn') is not None
+  assert (workdir / 'extended.from_step_4' / 'long_context' / 'rope' / 'report.json').is_file()
+  path.write_text(LONG_CONTEXT_EXPERIMENT)
   capsys.readouterr()
   assert run.main([str(path), '--out', str(out), '--print-commands=main']) == 0
   (line,) = capsys.readouterr().out.splitlines()
