@@ -26,7 +26,7 @@ heads of 32 (2 KV heads), SwiGLU 192, QK-norm; ~4 minutes a run to train on the 
 other jobs, the continued training about as long.
 """
 
-SEEDS = [0, 1]
+SEEDS = [0, 1, 2, 3]
 VARIANTS = ['baseline', 'g1_elementwise']
 OVERRIDES = {
     'data.source': 'synthetic',
@@ -40,7 +40,7 @@ OVERRIDES = {
     'model.hidden_size': 64,
     'model.num_heads': 2,
     'model.ffn_size': 192,
-    'train.steps': 3000,
+    'train.steps': 6000,
     'train.batch_size': 32,
     'train.learning_rate': 3e-3,
     'train.min_learning_rate': 3e-3,  # constant after the warm-up

@@ -221,13 +221,22 @@ def _ended_spiking(workdir: str) -> int | None:
   return latest if reached and latest is not None and latest < steps else None
 
 
-def _trained(workdir: str) -> bool:
+def _trained(workdir: str, steps: int | None = None) -> bool:
+  """Whether the run has a checkpoint at `steps` (None: its saved config's train.steps)."""
   from gated_attention.runs import rundir as runs_lib  # pylint: disable=g-import-not-at-top
-  try:
-    steps = runs_lib.read_config(workdir).train.steps
-  except ValueError:
-    return False
+  if steps is None:
+    try:
+      steps = runs_lib.read_config(workdir).train.steps
+    except ValueError:
+      return False
   return (runs_lib.latest_step(workdir) or 0) >= steps
+
+
+def _steps(run) -> int | None:
+  """The run's train.steps in today's experiment file (None: its variant's default, which its
+  saved config holds): more steps there train a finished run on from its checkpoint."""
+  steps = dict(run.overrides).get('train.steps')
+  return None if steps is None else int(steps)
 
 
 def _finished(experiment, run, out: str) -> bool:
@@ -239,6 +248,9 @@ def _finished(experiment, run, out: str) -> bool:
   if not (state.get('status') in ('done', 'diverged')
           and _same_command(state.get('command'), command)):
     return False
+  if (state['status'] == 'done' and state.get('ended_spiking') is None
+      and _steps(run) is not None and not _trained(workdir, _steps(run))):
+    return False  # more steps than it trained (a runner stopped before main.py trained them)
   if state['status'] == 'done' and experiment.long_context:  # a runner stopped inside the stage
     evaluated = report.extended_dir(workdir) if experiment.extend else workdir
     return all(report.read_long_context(evaluated, label) is not None
@@ -258,10 +270,6 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
   state = report.read_runner(workdir)
   if _finished(experiment, run, out):
     return state  # finished (a diverged run diverges again: rerun it by deleting runner.json)
-  # A run recorded with another command (e.g. more train.steps in the experiment file) goes back
-  # to main.py, which resumes it or refuses an incompatible change with the reason.
-  changed = (state.get('command') is not None
-             and not _same_command(state['command'], spec.shell(train_args, 'python')))
   os.makedirs(workdir, exist_ok=True)
   state = {'run': run.name, 'group': run.group, 'variant': run.variant, 'seed': run.seed,
            'command': spec.shell(train_args, 'python'),
@@ -270,14 +278,14 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
            'status': 'training', 'git_commit': git_commit(),
            **{k: state[k] for k in BATCH_KEYS if k in state}}
   _write_runner(workdir, state)
-  if changed or not _trained(workdir):
+  if not _trained(workdir, _steps(run)):
     rc, seconds = _call(train_args, os.path.join(workdir, 'train.log'))
     state.update(train_seconds=state['train_seconds'] + seconds, attempts=state['attempts'] + 1)
     calm_step = None if rc else _ended_spiking(workdir)
     if calm_step is not None:
       state['ended_spiking'] = calm_step
       _log(f'{run.name}: ended spiking; analysing its last calm checkpoint, step {calm_step}')
-    elif rc or not _trained(workdir):
+    elif rc or not _trained(workdir, _steps(run)):
       state['status'] = _failure(os.path.join(workdir, 'train.log'), rc) if rc else 'interrupted'
       _write_runner(workdir, state)
       return state
@@ -322,7 +330,8 @@ def batchable(experiment, runs, out: str) -> bool:
   if len(runs) < 2 or any(_finished(experiment, r, out) for r in runs):
     return False
   dirs = [_workdir(out, r) for r in runs]
-  return not any(_trained(d) for d in dirs) and len({runs_lib.latest_step(d) for d in dirs}) == 1
+  return (not any(_trained(d, _steps(r)) for d, r in zip(dirs, runs))
+          and len({runs_lib.latest_step(d) for d in dirs}) == 1)
 
 
 def train_seeds(experiment, runs, out: str, cache: str = '') -> int:

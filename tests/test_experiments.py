@@ -1,5 +1,6 @@
 """The experiment runner (experiments/run.py) end to end on a two-run, ten-step experiment."""
 
+import dataclasses
 import json
 import os
 import shlex
@@ -311,6 +312,7 @@ def test_a_run_stopped_inside_the_long_context_stage_is_not_finished(tmp_path):
   workdir = os.path.join(out, 'runs', r.name)
   os.makedirs(workdir)
   command = spec.shell(r.train_args(experiment.scale, workdir), 'python')
+  os.makedirs(os.path.join(workdir, 'checkpoints', '4'))
   run._write_runner(workdir, {'status': 'long context', 'command': command})
   assert not run._finished(experiment, r, out)
   run._write_runner(workdir, {'status': 'done', 'command': command})
@@ -322,6 +324,13 @@ def test_a_run_stopped_inside_the_long_context_stage_is_not_finished(tmp_path):
     with open(os.path.join(evaluated, 'long_context', label, 'report.json'), 'w') as f:
       json.dump({'label': label}, f)
   assert i == 1 and run._finished(experiment, r, out)
+  # More train.steps in the file than the run has (a runner stopped before training them).
+  r8 = dataclasses.replace(
+      r, overrides=tuple((k, 8 if k == 'train.steps' else v) for k, v in r.overrides))
+  run._write_runner(workdir, {'status': 'done',
+                              'command': spec.shell(r8.train_args(experiment.scale, workdir),
+                                                    'python')})
+  assert not run._finished(experiment, r8, out)
 
 
 def test_an_extension_of_an_older_checkpoint_is_moved_aside_not_deleted(tmp_path):
