@@ -33,7 +33,11 @@ runs in a process forked from a server that has imported JAX and the project onc
 multiprocessing fork server; a fresh interpreter where there is none), so a command costs its
 work, not the imports.
 A run whose runner.json says done (with the same command) is skipped, so running the experiment
-again resumes it; a half-trained run resumes from its latest checkpoint. The output directory
+again resumes it; a half-trained run resumes from its latest checkpoint. Raising train.steps in
+the file trains finished runs on from their checkpoints (an extension of the older model is moved
+aside to <run>/extended.from_step_N, kept, and redone). SIGTERM to the runner (a scheduler's time
+limit, `kill`) is passed on to the commands it is running: a training saves a checkpoint and stops,
+nothing new starts, the runner exits 143, and the same command resumes. The output directory
 (default experiments/out/<name>/) gets results.md (the table: mean ± std over seeds),
 summary.json and the figures f_attn_layers.png, m_act_layers.png, loss_curves.png.
 `--results FILE` also writes the experiment's section into FILE (the command, the git commit,
@@ -60,6 +64,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -176,23 +181,58 @@ def _main_py(args: list[str], log_path: str):
     sys.stderr.flush()
 
 
+class _Stopped(Exception):
+  """The runner got SIGTERM: no further command starts."""
+
+
+_CHILDREN = {}        # id -> the running commands' processes (Popen or multiprocessing.Process)
+_CHILDREN_LOCK = threading.RLock()  # the handler may run while the main thread holds it
+_STOPPING = threading.Event()
+
+
+def _on_sigterm(signum, frame):  # pylint: disable=unused-argument
+  """SIGTERM to the runner (a scheduler's time limit, `kill`): the commands it started are
+  forked from a server, not in its process group, so it passes the signal on (a training saves a
+  checkpoint and stops, training/loop.py), waits for them and starts nothing more."""
+  _STOPPING.set()
+  with _CHILDREN_LOCK:
+    children = list(_CHILDREN.values())
+  for child in children:
+    try:
+      child.terminate()
+    except (OSError, ValueError, AttributeError):
+      pass
+
+
 def _call(args: list[str], log_path: str) -> tuple[int, float]:
   """Runs `python args...` (a main.py command) in the repository root, output to log_path;
   (exit code, seconds). The process forks from the preloaded server (as if started afresh,
-  without the imports), or is a new interpreter where there is none."""
+  without the imports), or is a new interpreter where there is none. Raises _Stopped once the
+  runner got SIGTERM."""
   t0 = time.time()
   with open(log_path, 'a') as log:
     log.write(f'\n$ {spec.shell(args)}\n')
     log.flush()
     ctx = _forkserver() if args and args[0] == 'main.py' else None
-    if ctx is None:
-      rc = subprocess.call([sys.executable] + args, cwd=spec.REPO, stdout=log,
-                           stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED='1'))
-      return rc, time.time() - t0
-  process = ctx.Process(target=_main_py, args=(args, log_path))
-  process.start()
-  process.join()
-  rc = process.exitcode
+    with _CHILDREN_LOCK:
+      if _STOPPING.is_set():
+        raise _Stopped()
+      if ctx is None:
+        child = subprocess.Popen([sys.executable] + args, cwd=spec.REPO, stdout=log,
+                                 stderr=subprocess.STDOUT,
+                                 env=dict(os.environ, PYTHONUNBUFFERED='1'))
+      else:
+        child = ctx.Process(target=_main_py, args=(args, log_path))
+        child.start()
+      _CHILDREN[id(child)] = child
+    try:
+      if ctx is None:
+        return child.wait(), time.time() - t0
+      child.join()
+    finally:
+      with _CHILDREN_LOCK:
+        _CHILDREN.pop(id(child), None)
+  rc = child.exitcode
   return (rc if rc >= 0 else 128 - rc), time.time() - t0
 
 
@@ -270,6 +310,8 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
   state = report.read_runner(workdir)
   if _finished(experiment, run, out):
     return state  # finished (a diverged run diverges again: rerun it by deleting runner.json)
+  if _STOPPING.is_set():
+    raise _Stopped()
   os.makedirs(workdir, exist_ok=True)
   state = {'run': run.name, 'group': run.group, 'variant': run.variant, 'seed': run.seed,
            'command': spec.shell(train_args, 'python'),
@@ -483,11 +525,15 @@ def run_all(experiment, runs, out: str, jobs: int, batch_seeds: bool = False,
 
   def unit(members):
     t0 = time.time()
-    if len(members) > 1:
-      rc = train_seeds(experiment, members, out, cache)
-      _log(f'{members[0].group}: seeds {", ".join(str(r.seed) for r in members)} trained as one '
-           f'program ({"done" if rc == 0 else f"exit {rc}"}, {(time.time() - t0) / 60:.1f} min)')
-    return [one(r, t0, len(members) > 1) for r in members]
+    try:
+      if len(members) > 1:
+        rc = train_seeds(experiment, members, out, cache)
+        _log(f'{members[0].group}: seeds {", ".join(str(r.seed) for r in members)} trained as '
+             f'one program ({"done" if rc == 0 else f"exit {rc}"}, '
+             f'{(time.time() - t0) / 60:.1f} min)')
+      return [one(r, t0, len(members) > 1) for r in members]
+    except _Stopped:
+      return []
 
   # seconds of the single runs trained from scratch now; batched runs; resumed runs
   arithmetic, start = [0.0, 0, 0], time.time()
@@ -505,7 +551,7 @@ def run_all(experiment, runs, out: str, jobs: int, batch_seeds: bool = False,
   elif arithmetic[2]:
     _log(f'Runner: {time.time() - start:.0f} s ({arithmetic[2]} runs resumed from a checkpoint: '
          'no whole-run arithmetic to compare with).')
-  return [states[r.name] for r in runs]
+  return [states.get(r.name) or {'run': r.name, 'status': 'stopped'} for r in runs]
 
 
 def _header(experiment, results, wall_seconds: float) -> str:
@@ -563,12 +609,23 @@ def main(argv=None) -> int:
   if args.print_commands:
     print_commands(experiment, runs, out, args)
     return 0
-  if args.reanalyze:
-    states = reanalyze(experiment, runs, out, cache_dir(out, args.compilation_cache))
-  else:
-    states = [] if args.report_only else run_all(experiment, runs, out, args.jobs,
-                                                 args.batch_seeds,
-                                                 cache_dir(out, args.compilation_cache))
+  previous = signal.signal(signal.SIGTERM, _on_sigterm)
+  try:
+    if args.reanalyze:
+      states = reanalyze(experiment, runs, out, cache_dir(out, args.compilation_cache))
+    else:
+      states = [] if args.report_only else run_all(experiment, runs, out, args.jobs,
+                                                   args.batch_seeds,
+                                                   cache_dir(out, args.compilation_cache))
+  except _Stopped:
+    states = []
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  if _STOPPING.is_set():
+    _STOPPING.clear()
+    print('Stopped by SIGTERM: the runs in progress saved a checkpoint and stopped; the same '
+          'command resumes them.', file=sys.stderr)
+    return 143
   if args.only:  # one task of an array: the report is made once all have finished
     return 0 if all(s['status'] in ('done', 'diverged') for s in states) else 1
   results = [report.read(r, _workdir(out, r), experiment) for r in experiment.runs]

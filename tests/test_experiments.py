@@ -352,6 +352,41 @@ def test_an_extension_of_an_older_checkpoint_is_moved_aside_not_deleted(tmp_path
   assert not (workdir / 'extend.log').exists()
 
 
+@pytest.mark.slow  # a runner in a subprocess, stopped mid-training (~40 s)
+def test_sigterm_to_the_runner_stops_its_training_which_saves_and_resumes(tmp_path):
+  """The commands run in processes forked from a server, outside the runner's process group:
+  SIGTERM to the runner (a scheduler's limit, `kill`) reaches them through the runner, the
+  training saves a checkpoint and stops, and nothing else starts (no process is left)."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  path, out = tmp_path / 'stop.py', tmp_path / 'out'
+  path.write_text(EXPERIMENT.replace("'train.steps': 10", "'train.steps': 100000").replace(
+      "'train.checkpoint_every': 10", "'train.checkpoint_every': 100000"))
+  runner = subprocess.Popen([sys.executable, '-m', 'experiments.run', str(path), '--out',
+                             str(out)], cwd=spec.REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+  workdir = out / 'runs' / 'baseline_s0'
+  deadline = time.time() + 300
+  while time.time() < deadline and not ((workdir / 'metrics.jsonl').is_file()
+                                        and (workdir / 'metrics.jsonl').stat().st_size):
+    time.sleep(1)
+  assert runner.poll() is None, runner.stdout.read()
+  runner.send_signal(signal.SIGTERM)
+  output, _ = runner.communicate(timeout=120)
+  assert runner.returncode == 143, output
+  assert 'Stopped by SIGTERM' in output
+  steps = sorted(int(s) for s in os.listdir(workdir / 'checkpoints') if s.isdigit())
+  assert steps and 0 < steps[-1] < 100000          # saved where it stopped
+  assert json.loads((workdir / 'runner.json').read_text())['status'] == 'interrupted'
+  assert not (out / 'runs' / 'g1_elementwise_s0').exists()  # nothing else started
+  assert not (workdir / 'trainer.lock').exists()   # the trainer released the run and ended
+  size = (workdir / 'metrics.jsonl').stat().st_size
+  time.sleep(3)
+  assert (workdir / 'metrics.jsonl').stat().st_size == size
+
+
 @pytest.mark.slow  # five main.py processes (~1 min); the stages' parts have default tests
 def test_extension_and_long_context_stages(tmp_path, capsys):
   """Train, analyse, extend (in <run>/extended) and evaluate twice; the tables and the figure;
