@@ -399,7 +399,8 @@ def _ruler_mean(rep: dict, length) -> float | None:
 
 def long_context_tables(experiment, results: list[Result]) -> str:
   """Markdown, one table per LONG_CONTEXT label: per group, the loss in each position bucket and
-  the RULER-style exact match (mean over the tasks that fit) at each length, mean ± std."""
+  the RULER-style exact match (mean over the tasks that fit) at each length, mean ± std (the
+  exact match with each seed's value after it)."""
   out = []
   for label in experiment.long_context:
     reps = [r.long_context.get(label) for r in results]
@@ -423,7 +424,8 @@ def long_context_tables(experiment, results: list[Result]) -> str:
       loss = [_cell([d['loss']['buckets'][i]['loss'] for d in done], '.3f')
               for i in range(len(buckets))]
       ruler = [_cell([None if _ruler_mean(d, n) is None else 100 * _ruler_mean(d, n)
-                      for d in done], '.1f') for n in lengths]
+                      for d in done], '.0f' if len(done) > 1 else '.1f', per_seed=True)
+               for n in lengths]  # each seed's, too: retrieval is often all or nothing
       lines.append('| ' + ' | '.join([group, f'{len(done)}/{len(rs)}'] + loss + ruler) + ' |')
     out.append('\n'.join(lines))
   return '\n\n'.join(out)

@@ -504,7 +504,8 @@ def test_seeds_of_a_group_train_as_one_program(tmp_path):
 
 def test_long_context_tables_name_a_synthetic_retrieval_task(tmp_path):
   """A synthetic run's long-context reports (mqar accuracy in the RULER shape): the table's
-  columns are named after the task and hold the mean over seeds of its accuracy in %."""
+  columns are named after the task and hold the mean over seeds of its accuracy in % and each
+  seed's value."""
   path = tmp_path / 'lc.py'
   path.write_text(LONG_CONTEXT_EXPERIMENT.replace("VARIANTS = ['g1_elementwise']",
                                                   "VARIANTS = ['g1_elementwise']\nSEEDS = [0, 1]"))
@@ -525,5 +526,5 @@ def test_long_context_tables_name_a_synthetic_retrieval_task(tmp_path):
   assert 'mqar: % of the answers exact (teacher-forced greedy), 8 held-out documents' in text
   assert '| run | seeds | loss 0-32 | loss 32-128 | mqar 32 | mqar 128 |' in text
   row = next(l for l in text.splitlines() if l.startswith('| g1_elementwise | 2/2 | '))
-  assert row.split(' | ')[4].startswith('60.0') and row.split(' | ')[5].startswith('30.0')
+  assert row.split(' | ')[4:] == ['60 ± 14 (50, 70)', '30 ± 7 (25, 35) |']
   assert report.long_context_figure(exp, results) is not None
