@@ -22,7 +22,7 @@ baseline seed 0 and G1 elementwise seeds 0 and 1 sat at validation loss 1.84-1.9
 probes at 27-29%, i.e. picking one of the document's four values without matching the key), and
 probes of one seed (seed 0, 1,500-2,000 steps each, none retrieved) changed the query rate (0.25),
 the learning rate (1e-2), the width (128), the batch (128), the keys (8) and QK-norm (off). So the
-runs train 6,000 steps and there are four seeds per variant: the table says how many retrieve.
+runs train 6,000 steps and there are six seeds per variant: the table says how many retrieve.
 
 The recipe in ratios: train 6,000 steps of 32 x 64 tokens (base 1e4, constant 3e-3 after 60
 warm-up steps), continue 750 steps at 256 tokens with base 1e6 (configs/extend_context.py), then
@@ -33,7 +33,7 @@ heads of 32 (2 KV heads), SwiGLU 192, QK-norm; ~4 minutes a run to train on the 
 other jobs, the continued training about as long.
 """
 
-SEEDS = [0, 1, 2, 3]
+SEEDS = [0, 1, 2, 3, 4, 5]
 VARIANTS = ['baseline', 'g1_elementwise']
 OVERRIDES = {
     'data.source': 'synthetic',
