@@ -8,8 +8,11 @@
   python -m experiments.run experiments/sink_synthetic.py --reanalyze        # analyses again
 
 Each run trains with `python main.py --config=configs/<variant>.py:<scale> --workdir=<out>/runs/
-<run> --config.seed=S --config.<key>=<value> ...`, then `main.py --mode=analyze` on it; logs go to
-<run>/train.log and <run>/analyze.log, the status, commands and wall times to <run>/runner.json.
+<run> --config.seed=S --config.<key>=<value> ... --analyze`: the same process then analyses the
+final checkpoint (what `main.py --mode=analyze` writes, from the parameters in memory and the
+compiled model); a separate `main.py --mode=analyze` runs where that did not happen (a run trained
+before, one that ended spiking, an experiment with ANALYZE_OVERRIDES). Logs go to
+<run>/train.log (and <run>/analyze.log), the status, commands and wall times to <run>/runner.json.
 With `--batch-seeds`, the seeds of a group (one variant and grid point) that are all untrained,
 or all stopped at the same step, train as one program first (`main.py --seeds=0,1,2 --workdir=<out>/runs/<group>_s{seed}`,
 training/seeds.py; log <out>/runs/<group>.seeds.log), then each is analysed as above: its
@@ -106,6 +109,7 @@ def _workdir(out: str, run) -> str:
 
 
 _CACHE_FLAG = '--config.compilation_cache='
+_ANALYZE_FLAG = '--analyze'
 
 
 def cache_dir(out: str, option: str) -> str:
@@ -120,11 +124,34 @@ def _cached(args: list[str], cache: str) -> list[str]:
   return args + [_CACHE_FLAG + cache] if cache else args
 
 
+def _train_args(experiment, run, workdir: str, cache: str) -> list[str]:
+  """The run's training command: with the compilation cache, and with --analyze (the analysis
+  in the training process, from the parameters in memory and the compiled model) unless the
+  experiment analyses with overrides of its own (ANALYZE_OVERRIDES: a separate --mode=analyze)."""
+  args = _cached(run.train_args(experiment.scale, workdir), cache)
+  return args if experiment.analyze_overrides else args + [_ANALYZE_FLAG]
+
+
 def _same_command(saved: str | None, now: str) -> bool:
-  """Whether a recorded command trains what `now` does: the compilation cache's directory
-  changes no result, so it is left out of the comparison."""
-  strip = lambda c: [a for a in shlex.split(c) if not a.startswith(_CACHE_FLAG)]  # noqa: E731
+  """Whether a recorded command trains what `now` does: the compilation cache's directory and
+  --analyze change no result, so they are left out of the comparison."""
+  strip = lambda c: [a for a in shlex.split(c)  # noqa: E731
+                     if not a.startswith(_CACHE_FLAG) and a != _ANALYZE_FLAG]
   return saved is not None and strip(saved) == strip(now)
+
+
+def _analysed_since(workdir: str, since: float) -> bool:
+  """Whether the training command that started at `since` analysed the run's final checkpoint
+  (main.py --analyze): RUN/analysis/report.json written since then, of the latest step."""
+  from gated_attention.runs import rundir as runs_lib  # pylint: disable=g-import-not-at-top
+  path = os.path.join(runs_lib.analysis_dir(workdir), 'report.json')
+  try:
+    if os.path.getmtime(path) < since:
+      return False
+    with open(path) as f:
+      return json.load(f).get('step') == runs_lib.latest_step(workdir)
+  except (OSError, ValueError):
+    return False
 
 
 def _write_runner(workdir: str, state: dict):
@@ -305,7 +332,7 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
   """Trains (or resumes) and analyses one run unless runner.json says it is done; `cache`: the
   persistent compilation cache's directory ('': none)."""
   workdir = _workdir(out, run)
-  train_args = _cached(run.train_args(experiment.scale, workdir), cache)
+  train_args = _train_args(experiment, run, workdir, cache)
   analyze_args = _cached(experiment.analyze_args(workdir), cache)
   state = report.read_runner(workdir)
   if _finished(experiment, run, out):
@@ -320,6 +347,7 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
            'status': 'training', 'git_commit': git_commit(),
            **{k: state[k] for k in BATCH_KEYS if k in state}}
   _write_runner(workdir, state)
+  started = time.time()
   if not _trained(workdir, _steps(run)):
     rc, seconds = _call(train_args, os.path.join(workdir, 'train.log'))
     state.update(train_seconds=state['train_seconds'] + seconds, attempts=state['attempts'] + 1)
@@ -331,9 +359,13 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
       state['status'] = _failure(os.path.join(workdir, 'train.log'), rc) if rc else 'interrupted'
       _write_runner(workdir, state)
       return state
-  rc, seconds = _call(analyze_args, os.path.join(workdir, 'analyze.log'))
-  state.update(analyze_seconds=seconds,
-               status='done' if rc == 0 else f'analysis failed (exit {rc})')
+  if state.get('ended_spiking') is None and _analysed_since(workdir, started):
+    rc = 0   # analysed by the training command (--analyze): its seconds are in train_seconds
+    state.update(analyze_seconds=0.0, analyzed_in_training=True, status='done')
+  else:
+    rc, seconds = _call(analyze_args, os.path.join(workdir, 'analyze.log'))
+    state.update(analyze_seconds=seconds, analyzed_in_training=False,
+                 status='done' if rc == 0 else f'analysis failed (exit {rc})')
   if rc == 0 and experiment.long_context:
     state['status'] = 'long context'  # until the stage ends: a runner stopped inside resumes it
     _write_runner(workdir, state)

@@ -82,6 +82,10 @@ flags.DEFINE_integer('step', None, '--mode=sample / export: the checkpoint step 
 flags.DEFINE_list('seeds', [], '--mode=train: several seeds of the config trained as one program '
                   '(e.g. --seeds=0,1,2), each in its own run directory: --workdir with {seed} '
                   'replaced, or --workdir/s<seed>.')
+flags.DEFINE_bool('analyze', False, '--mode=train: once the run has trained to its last step, '
+                  'analyse it in the same process (what --mode=analyze writes to RUN/analysis/, '
+                  'from the parameters in memory and the compiled model: nothing restored or '
+                  'compiled again).')
 FLAGS = flags.FLAGS
 
 
@@ -169,7 +173,7 @@ def _args(rest) -> modes.Args:
       remote_code_dir=FLAGS.remote_code_dir,
       prompts=tuple(FLAGS.prompt), max_new_tokens=FLAGS.max_new_tokens,
       temperature=FLAGS.temperature, top_p=FLAGS.top_p, sample_seed=FLAGS.sample_seed,
-      step=FLAGS.step, seeds=_seeds(FLAGS.seeds))
+      step=FLAGS.step, seeds=_seeds(FLAGS.seeds), analyze=FLAGS.analyze)
 
 
 def _seeds(values) -> tuple:
@@ -192,6 +196,10 @@ def dispatch(args: modes.Args):
   if mode.distributed:
     from gated_attention import distributed  # pylint: disable=g-import-not-at-top
     distributed.initialize(args.config.distributed)
+  if args.analyze and (mode.name != 'train' or args.seeds):
+    sys.exit('--analyze analyses a run after --mode=train of one seed; analyse each seed\'s run '
+             'with --mode=analyze --workdir=RUN.' if args.seeds else
+             f'--analyze belongs to --mode=train; --mode={mode.name} does not take it.')
   if args.seeds and mode.name != 'train':
     sys.exit(f'--seeds trains several seeds at once; --mode={mode.name} opens one run: pass '
              'that seed\'s directory as --workdir.')

@@ -443,3 +443,49 @@ def test_end_to_end_analyze_and_compare(tiny_run, tmp_path):
                        timeout=300)
   assert res.returncode == 0, res.stderr[-2000:]
   assert '| baseline* | - | 4.0 | 0.450 | 33.100 | 6 |' in res.stdout
+
+
+def test_analysis_after_training_equals_mode_analyze(tmp_path):
+  """`--mode=train --analyze` (loop.run's on_finish: the parameters in memory, the training's
+  factory and data) writes what a separate --mode=analyze of the final checkpoint writes, to
+  the bit; an interrupted or unfinished run is not analysed."""
+  from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  cfg = tiny_run_config()
+  cfg.train.steps = 3
+  calls = []
+
+  def on_finish(finished):
+    calls.append(finished.step)
+    analyze_mode.after_training(finished)
+  loop.run(cfg, workdir, on_finish=on_finish)
+  assert calls == [3] and runs.latest_step(workdir) == 3   # the last step is always saved
+  in_training = os.path.join(workdir, 'analysis')
+  with open(os.path.join(in_training, 'report.json')) as f:
+    first = json.load(f)
+  separate = analyze_mode.run(workdir, out_dir=str(tmp_path / 'separate'))
+  with open(tmp_path / 'separate' / 'report.json') as f:
+    second = json.load(f)
+  assert first == second == json.loads(json.dumps(separate))
+  assert first['step'] == 3 and first['num_batches'] == 2
+  for name in ('attention_maps.npz',):
+    with np.load(os.path.join(in_training, name)) as a, \
+         np.load(tmp_path / 'separate' / name) as b:
+      for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])
+  assert sorted(os.listdir(in_training)) == sorted(os.listdir(tmp_path / 'separate'))
+
+  # more steps asked of a stopped run: it trains on; stopped by a signal before the end, no call
+  cfg.train.steps = 6
+  calls.clear()
+  real_train = loop._train
+
+  def interrupted(run, interrupt):
+    interrupt.signal = 15
+    return real_train(run, interrupt)
+  loop._train = interrupted
+  try:
+    loop.run(cfg, workdir, on_finish=on_finish)
+  finally:
+    loop._train = real_train
+  assert calls == [] and runs.latest_step(workdir) == 3

@@ -68,6 +68,11 @@ def test_table_figures_and_records(finished):
   assert f'--config.compilation_cache={out / "xla_cache"}' in state['command']
   assert f'--config.compilation_cache={out / "xla_cache"}' in state['analyze_command']
   assert len(os.listdir(out / 'xla_cache')) > 4
+  # Analysed by the training command (main.py --analyze), not by a second process.
+  assert state['command'].endswith(' --analyze') and state['analyzed_in_training']
+  assert state['analyze_seconds'] == 0.0 and not (out / 'runs' / 'baseline_s0' / 'analyze.log').exists()
+  analysis = json.loads((out / 'runs' / 'baseline_s0' / 'analysis' / 'report.json').read_text())
+  assert analysis['step'] == 10
   text = results.read_text()
   assert text.startswith('# Results\n\nKept text.\n')
   assert text.count('<!-- experiment:tiny -->') == 1
@@ -150,6 +155,7 @@ def test_the_compilation_cache_is_not_part_of_what_a_run_trains(tmp_path):
   flag = ' --config.compilation_cache='
   assert run._same_command(cmd + flag + '/a', cmd + flag + '/b')
   assert run._same_command(cmd, cmd + flag + '/b')
+  assert run._same_command(cmd, cmd + ' --analyze')      # the analysis in the training process
   assert not run._same_command(cmd, cmd.replace('seed=1', 'seed=2'))
   assert not run._same_command(None, cmd)
   assert run.cache_dir(str(tmp_path), '') == str(tmp_path / 'xla_cache')

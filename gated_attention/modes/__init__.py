@@ -36,6 +36,7 @@ class Args:
   sample_seed: int = 0
   step: int | None = None
   seeds: tuple = ()                   # --seeds: several seeds trained as one program
+  analyze: bool = False               # --analyze: --mode=train analyses the run when it ends
 
 
 @dataclasses.dataclass(frozen=True)

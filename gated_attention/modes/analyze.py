@@ -80,6 +80,31 @@ def run(workdir: str, *, config=None, overrides: dict | None = None,
       process_index=jax.process_index(), process_count=jax.process_count())
   factory = ModelFactory(cfg, rundir.build_mesh(cfg))
   step, params = factory.restore(workdir, None if int(opts['step']) < 0 else int(opts['step']))
+  return _analyse(workdir, cfg, factory, params, step, data, opts, out_dir, t0)
+
+
+def after_training(finished) -> dict:
+  """`--mode=train --analyze`: the analysis of a run that has just trained to its last step and
+  saved it (training/loop.py `Finished`), in the training process: the parameters in memory
+  (the final checkpoint's), its data pipeline and its model factory (the compiled evaluation,
+  the mesh), so nothing is restored, rebuilt or imported again. Writes what `--mode=analyze
+  --workdir=RUN` writes, the same numbers (tests/test_modes.py compares them)."""
+  t0 = time.time()
+  workdir = finished.workdir
+  saved = rundir.read_config(workdir)
+  opts = analyze.options(None, {}, None)
+  cfg = _config(saved, None, {}, opts)
+  factory = finished.factory
+  if not ModelFactory.same_model(factory.cfg, cfg):
+    factory = ModelFactory(cfg, rundir.build_mesh(cfg))
+  return _analyse(workdir, cfg, factory, finished.params, finished.step, finished.data, opts,
+                  None, t0)
+
+
+def _analyse(workdir, cfg, factory, params, step, data, opts, out_dir, t0) -> dict:
+  """The analysis of `params` (checkpoint `step` of the run in `workdir`) on `data`'s held-out
+  batches: report.json, the figures and the attention maps in `out_dir` (default
+  RUN/analysis)."""
   result = evaluate.evaluate(factory, params, data.val_batches())
   single = jax.process_count() == 1
   report = analyze.build_report(result, cfg, workdir, step, data.tokenizer,

@@ -1,9 +1,11 @@
 """--mode=train (the default): trains in --workdir, resuming from its latest checkpoint.
 
 Without --config, a workdir that holds a run continues with its saved config (plus the command
-line's --config.x overrides). With --seeds=0,1,2 the seeds train as one program
-(training/seeds.py), each in its own run directory (runs/rundir.py seed_workdirs); without
---config they continue with the saved config of the first seed's directory.
+line's --config.x overrides). With --analyze, a run that trains to its last step is analysed in
+the same process (modes/analyze.py `after_training`: RUN/analysis/ as --mode=analyze writes
+it). With --seeds=0,1,2 the seeds train as one program (training/seeds.py), each in its own run
+directory (runs/rundir.py seed_workdirs); without --config they continue with the saved config
+of the first seed's directory.
 """
 
 import os
@@ -34,4 +36,8 @@ def main(args):
     workdirs = rundir.seed_workdirs(args.workdir, args.seeds)
     seeds.run(train_config(args, next(iter(workdirs.values()))), workdirs)
   else:
-    loop.run(train_config(args), args.workdir)
+    on_finish = None
+    if args.analyze:
+      from gated_attention.modes import analyze  # pylint: disable=g-import-not-at-top
+      on_finish = analyze.after_training
+    loop.run(train_config(args), args.workdir, on_finish=on_finish)

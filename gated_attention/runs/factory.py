@@ -109,6 +109,13 @@ class ModelFactory:
     self.batch_sharding = NamedSharding(mesh, P(batch_axes[0], None))
     self.batch_shards = sharding.spec_size(self.batch_sharding.spec, mesh.shape)
 
+  @staticmethod
+  def same_model(cfg_a, cfg_b) -> bool:
+    """Whether two configs make the same factory (model, mesh and its rules, and the data
+    settings that reach the model: the document mask's BOS): one built for either serves
+    the other."""
+    return all(cfg_a[k].to_dict() == cfg_b[k].to_dict() for k in ('model', 'mesh', 'data'))
+
   # --- compiling -----------------------------------------------------------------------------
 
   def with_rules(self, f):

@@ -373,8 +373,22 @@ def _train(run: _Run, interrupt: _Interrupt) -> dict:
   return val
 
 
-def run(config, workdir: str) -> dict:
-  """Trains config in workdir (resuming from its latest checkpoint); returns final val metrics."""
+@dataclasses.dataclass(frozen=True)
+class Finished:
+  """A run that has trained to its last step and saved it, as `run`'s `on_finish` gets it: the
+  final checkpoint's parameters still in memory, with the model factory and data they were
+  trained with."""
+  workdir: str
+  step: int
+  params: object
+  factory: train_lib.Setup
+  data: object
+
+
+def run(config, workdir: str, on_finish=None) -> dict:
+  """Trains config in workdir (resuming from its latest checkpoint); returns final val metrics.
+  `on_finish(Finished)`, if given, runs once the last step is trained and saved and the run's
+  files are closed (not after an interrupted run, nor one whose last step was not calm)."""
   compilation_cache.enable(config.get('compilation_cache', ''))
   state = _start(config, workdir)
   state.progress.write(_describe(state))
@@ -384,6 +398,9 @@ def run(config, workdir: str) -> dict:
   finally:
     interrupt.restore()
     _close(state)
+  if (on_finish is not None and interrupt.signal is None
+      and state.step == config.train.steps == workdir_lib.latest_step(workdir)):
+    on_finish(Finished(workdir, state.step, state.params, state.setup, state.data))
   return val or {}
 
 
