@@ -303,3 +303,61 @@ def test_document_mask_changes_the_loss_only_when_on():
   assert float(loss(params, one_doc, 256)) == pytest.approx(float(loss(params, one_doc, None)),
                                                             rel=1e-6)
   assert abs(float(loss(params, two_docs, 256)) - float(loss(params, two_docs, None))) > 1e-4
+
+
+TIMINGS = ('step_time', 'tokens_per_sec', 'tflops_per_sec_per_device', 'data_wait')
+
+
+def test_precompiled_steps_change_no_number(trained, tmp_path, monkeypatch):
+  """The loop compiles its steps in background threads while the state initialises
+  (Setup.precompile): a run without that logs the same rows, bit for bit, and saves the same
+  parameters."""
+  workdir, _ = trained
+  other = str(tmp_path / 'no_precompile')
+  monkeypatch.setattr(train_lib.Setup, 'precompile', lambda self, *a, **k: None)
+  loop.run(tiny_config(), other)
+  strip = lambda rows: {s: {k: v for k, v in r.items() if k not in TIMINGS}  # noqa: E731
+                        for s, r in rows.items()}
+  assert strip(read_metrics(workdir)) == strip(read_metrics(other))
+  assert read_metrics(workdir, 'val') == read_metrics(other, 'val')
+  cfg = tiny_config()
+  f = factory.ModelFactory(cfg, sharding.build_mesh(cfg.mesh))
+  (s1, p1), (s2, p2) = f.restore(workdir), f.restore(other)
+  assert s1 == s2 == 40
+  jax.tree.map(np.testing.assert_array_equal, p1, p2)
+
+
+def test_precompile_compiles_each_step_once():
+  """After Setup.precompile's background compiles, calling the steps compiles nothing more (the
+  jit finds each executable in JAX's cache); the programs are new to this process (a width no
+  other test uses), so a compile would show."""
+  compiles = []
+
+  def listener(event, seconds, **kwargs):  # pylint: disable=unused-argument
+    if event == '/jax/core/compile/backend_compile_duration':
+      compiles.append(event)
+  cfg = tiny_config(**{'model.ffn_size': 72})
+  setup = train_lib.Setup(cfg, sharding.build_mesh(cfg.mesh))
+  data = input_pipeline.build_data(cfg.data, global_batch_size=cfg.train.batch_size, seed=0)
+  local = data.val_batches()[0]
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    setup.precompile(local, 4, analysis=True)
+    names = ('train_step', 'eval_step', 'inspect_step', 'eval_inspect_step')
+    for name in names:
+      assert isinstance(getattr(setup, name), train_lib._Compiling), name
+      getattr(setup, name).wait()
+    assert len(compiles) == 4
+    params, opt_state = setup.init(0)
+    before = len(compiles)
+    with jax.set_mesh(setup.mesh):
+      batch = setup.global_batch(local)
+      rows = setup.global_batch({k: v[:4] for k, v in local.items()})
+      setup.eval_step(params, batch)
+      setup.inspect_step(params, rows)
+      setup.eval_inspect_step(params, batch)
+      setup.train_step(params, opt_state, batch, 1.0)
+    assert len(compiles) == before
+  finally:
+    from jax._src import monitoring  # pylint: disable=g-import-not-at-top
+    monitoring.unregister_event_duration_listener(listener)
