@@ -33,7 +33,7 @@ class Evaluation:
     return math.exp(min(self.loss, 50.0))
 
 
-def rows_to_inspect(setup, rows: int, local_rows: int) -> int:
+def _inspect_rows(setup, rows: int, local_rows: int) -> int:
   """Rows per process for `rows` global rows: at least one per data shard, at most a batch."""
   shards = setup.batch_shards
   per_process = -(-rows // shards) * shards // jax.process_count()
@@ -55,7 +55,7 @@ def evaluate(setup, params, batches: list[dict], *, inspect_rows: int | None = N
       else:
         out, aux = jax.device_get(setup.eval_step(params, batch)), None
         if i == 0:
-          rows = rows_to_inspect(setup, inspect_rows, len(local['inputs']))
+          rows = _inspect_rows(setup, inspect_rows, len(local['inputs']))
           inspected = {k: v[:rows] for k, v in local.items()}
           batch = setup.global_batch(inspected)
           aux = jax.device_get(setup.inspect_step(params, batch))

@@ -151,30 +151,27 @@ def _say(text: str):
     print(text, flush=True)
 
 
-def _start(config, workdir: str, setup: train_lib.Setup | None = None, *,
-           analysis: bool = False) -> _Run:
+def _start(config, workdir: str, setup: train_lib.Setup | None = None) -> _Run:
   """Data, mesh, compiled steps; the state from scratch, a warm start, or the latest intact
   checkpoint. `setup`: one already built for this config (seeds.py shares one among seeds);
-  None builds it, and starts compiling its steps in the background (with `analysis`, the
-  analysis's pass too) while the state is initialised or restored."""
+  None builds it."""
   check_loop_config(config)
   workdir_lib.check_workdir(workdir)
   lock = lock_lib.RunLock(workdir)
   lock.acquire(warn=_say)                          # one trainer per run, before any write
   try:
-    return _start_locked(config, workdir, lock, setup, analysis)
+    return _start_locked(config, workdir, lock, setup)
   except BaseException:
     lock.release()
     raise
 
 
 def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
-                  setup: train_lib.Setup | None = None, analysis: bool = False) -> _Run:
+                  setup: train_lib.Setup | None = None) -> _Run:
   """_start's work once this trainer holds the run directory's lock."""
   tc = config.train
   data = _build_data(config)
-  own_setup = setup is None
-  if own_setup:
+  if setup is None:
     setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
   data.train_iter = prefetch.DevicePrefetch(data.train_iter, setup.global_batch,
                                             config.data.get('device_prefetch', 2))
@@ -185,20 +182,13 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
       workdir, config, resuming_data=latest is not None and checkpointer.has_data(latest))
   run = _Run(config, workdir, data, setup, checkpointer, MetricsWriter(workdir),
              stability.Guard(tc, config.model.vocab_size), lock=lock)
-  held_out = data.val_batches() if own_setup else []  # a batch of the pipeline's shapes
-  if held_out:   # the steps compile in the background while the state is restored or made
-    setup.precompile(held_out[0], tc.inspect_batch_size, analysis=analysis)
-  try:
-    restored = checkpointer.restore_latest(run.abstract_state, data.train_iter, warn=_say)
-    if restored is not None:
-      run.adopt(restored)
-    elif tc.init_from:
-      _init_from(run, tc.init_from)
-    else:
-      run.params, run.opt_state = setup.init(config.seed)
-  except BaseException:
-    setup.stop_precompiling()
-    raise
+  restored = checkpointer.restore_latest(run.abstract_state, data.train_iter, warn=_say)
+  if restored is not None:
+    run.adopt(restored)
+  elif tc.init_from:
+    _init_from(run, tc.init_from)
+  else:
+    run.params, run.opt_state = setup.init(config.seed)
   run.progress = Progress(run.step, tc.steps)
   return run
 
@@ -400,7 +390,7 @@ def run(config, workdir: str, on_finish=None) -> dict:
   `on_finish(Finished)`, if given, runs once the last step is trained and saved and the run's
   files are closed (not after an interrupted run, nor one whose last step was not calm)."""
   compilation_cache.enable(config.get('compilation_cache', ''))
-  state = _start(config, workdir, analysis=on_finish is not None)
+  state = _start(config, workdir)
   state.progress.write(_describe(state))
   interrupt = _Interrupt()
   try:
@@ -415,10 +405,8 @@ def run(config, workdir: str, on_finish=None) -> dict:
 
 
 def _close(run: _Run):
-  """Stops the prefetch thread and the background compiles, waits for the last save, closes the
-  files, frees the lock."""
+  """Stops the prefetch thread, waits for the last save, closes the files, frees the lock."""
   try:
-    run.setup.stop_precompiling()
     run.data.train_iter.shutdown()
     run.checkpointer.close()
   finally:

@@ -11,7 +11,6 @@ from the BOS tokens of its inputs (model.document_ids) and the attention stays i
 `document_bos` is the tokenizer's BOS id, or None (no masking: the default).
 """
 
-import concurrent.futures
 import functools
 
 import jax
@@ -171,32 +170,6 @@ def check_train_config(cfg, batch_shards: int, mesh_shape: dict):
                       f'config.data.seq_len={cfg.data.seq_len}.')
 
 
-class _Compiling:
-  """A jitted step whose compile was started in a background thread (Setup.precompile): the
-  first call waits for it, then calls the jit, which finds the compiled executable in JAX's
-  cache. A compile that failed there is left to the call, which compiles it again and raises
-  where the caller can see it."""
-
-  def __init__(self, jitted, future):
-    self.jitted, self._future = jitted, future
-
-  def wait(self):
-    """Until the background compile has finished (or failed, or was cancelled)."""
-    if self._future is not None:
-      try:
-        self._future.exception()   # waits; an error shows again at the call
-      except concurrent.futures.CancelledError:
-        pass                       # the call compiles it
-      self._future = None
-
-  def __call__(self, *args, **kwargs):
-    self.wait()
-    return self.jitted(*args, **kwargs)
-
-  def __getattr__(self, name):   # .lower, .trace, ... of the jit
-    return getattr(self.jitted, name)
-
-
 class Setup(factory_lib.ModelFactory):
   """The model factory (runs/factory.py: typed config, graphdef, parameter and batch shardings)
   plus what training adds: the optimizer and its state's shardings (`abstract_opt`), and the
@@ -239,42 +212,6 @@ class Setup(factory_lib.ModelFactory):
   def _init(self, key):
     params = self.fresh_params(key)
     return params, self.optimizer.init(params)
-
-  def precompile(self, local_batch: dict, inspect_rows: int, *, analysis: bool = False,
-                 workers: int = 2):
-    """Compiles the programs a run calls (the train step, the evaluation and the inspection of
-    `inspect_rows` rows; with `analysis` the analysis's evaluate-and-inspect pass too) side by
-    side in `workers` background threads, while the caller goes on (initialising or restoring
-    the state). XLA compiles a program on one core: on a 2-core CPU two compiles take the time
-    of one. Each step's first call waits for its compile, then the jit finds the executable in
-    JAX's compilation cache (the same program: nothing about the numbers changes).
-    `local_batch`: a batch as the data pipeline gives it (a held-out one: the same keys, shapes
-    and dtypes as the training batches)."""
-    from gated_attention.training import evaluate  # pylint: disable=g-import-not-at-top
-    batch = self.global_batch(local_batch)
-    rows = evaluate.rows_to_inspect(self, inspect_rows, len(local_batch['inputs']))
-    inspected = self.global_batch({k: v[:rows] for k, v in local_batch.items()})
-    params = self.abstract_params
-    jobs = {'train_step': (self.train_step, (params, self.abstract_opt, batch, 1.0)),
-            'eval_step': (self.eval_step, (params, batch)),
-            'inspect_step': (self.inspect_step, (params, inspected))}
-    if analysis:
-      jobs['eval_inspect_step'] = (self.eval_inspect_step, (params, batch))
-    pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='precompile')
-
-    def compile_one(jitted, args):
-      with jax.set_mesh(self.mesh):
-        jitted.lower(*args).compile()
-    for name, (jitted, args) in jobs.items():
-      self.__dict__[name] = _Compiling(jitted, pool.submit(compile_one, jitted, args))
-    self._precompiling = pool
-
-  def stop_precompiling(self):
-    """Cancels the background compiles not started and waits for those running (a run that
-    stops before it calls every step leaves no thread compiling behind it)."""
-    pool = self.__dict__.pop('_precompiling', None)
-    if pool is not None:
-      pool.shutdown(wait=True, cancel_futures=True)
 
   def init(self, seed: int):
     with jax.set_mesh(self.mesh):
