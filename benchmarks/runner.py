@@ -14,6 +14,17 @@ the training process's wall time beyond its arithmetic (start-up, compile, evalu
 checkpoints), the analysis process, and the runner's own time between them. The arithmetic is
 the first probe's (list 1 first: runs side by side slow each other's steps, so their own rows
 time a shared machine); later probes are measured against it.
+
+Measured 2026-12-03 on the 2-core CPU (the machine's speed drifts ~20% between invocations, so
+compare ratios, not seconds):
+  300 steps, --jobs 1: 109 s against 66 s of arithmetic, 1.65x (the runner's own line: 1.58x);
+      before main.py --analyze (commit abb8966): 129 s against 81 s, 1.59x (1.53x).
+  300 steps, --jobs 2: 115 s, 1.74x against the --jobs 1 arithmetic (each step slows 2x).
+  1,000 steps, --jobs 1: 295 s against 251 s, 1.18x (1.16x); at abb8966 255 s against 205 s,
+      1.25x (1.23x).
+Per run, beyond its arithmetic: ~7 s (start-up, 3 evaluations, a checkpoint, then the analysis:
+its full evaluation of 4 batches ~1.5 s, 5 figures ~1.3 s), ~12 s for the first run of a variant
+(its compiles); the in-process analysis saves ~1-2 s a run against a separate --mode=analyze.
 """
 
 import argparse
