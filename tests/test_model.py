@@ -321,3 +321,22 @@ def test_ffn_match_baseline_keeps_the_baseline_parameter_count(variant):
   assert unmatched > base_total
   assert abs(matched - base_total) <= 1.5 * D * L, (matched, base_total)
   assert config_lib.dense_ffn_size(c.model) < c.model.ffn_size
+
+
+@pytest.mark.parametrize('shape', [(16, 128, 128), (3, 7, 5), (1,), (2,)])
+def test_median_by_selection_is_jnp_median_bit_for_bit(shape):
+  """transformer.median (M-Act's median |h|, by bisection over the float bit patterns) equals
+  jnp.median bit for bit on random values of either sign and magnitude, with ties and an odd or
+  even count, is NaN where jnp.median is, and agrees with numpy's float64 median."""
+  from gated_attention.model import transformer  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(sum(shape))
+  ours, theirs = jax.jit(transformer.median), jax.jit(jnp.median)
+  for scale in (1e-3, 1.0, 1e4):
+    x = (rng.normal(size=shape) * scale).astype(np.float32)
+    for case in (x, np.abs(x), -np.abs(x) - 1e-6, np.round(np.abs(x) * 2 / scale) / 2):
+      a, b = np.asarray(ours(case)), np.asarray(theirs(case))
+      assert a.tobytes() == b.tobytes(), (case.shape, a, b)
+      np.testing.assert_allclose(a, np.median(case.astype(np.float64)), rtol=1e-6)
+  x = np.abs(rng.normal(size=shape)).astype(np.float32)
+  x.reshape(-1)[-1] = np.nan
+  assert np.isnan(ours(x)) and np.isnan(theirs(x))

@@ -29,6 +29,7 @@ attention layer lets a token see only earlier tokens of its own document (train.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from gated_attention.model import attention_kernels
@@ -53,6 +54,44 @@ REMAT_POLICIES = {
 M_ACT_SITES = ('attn_out', 'attn_residual', 'ffn_out', 'ffn_residual')
 
 
+def _kth_smallest(x_N: jax.Array, ks: tuple[int, ...]) -> jax.Array:
+  """The ks-th smallest (0-based) of float32 `x_N`, exactly, without a sort: a bisection over
+  the 2^32 float32 bit patterns mapped to unsigned integers in the order of their values (-0
+  before +0, as a sort puts them), 32 counting passes over `x_N`, every k in one pass."""
+  bits = jax.lax.bitcast_convert_type(x_N, jnp.uint32)
+  negative = (bits >> 31) == 1
+  key_N = jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
+  k_M = jnp.asarray(ks, jnp.uint32)
+
+  def halve(_, bounds):
+    lo_M, hi_M = bounds
+    mid_M = lo_M + (hi_M - lo_M) // 2
+    at_most_M = jnp.sum(key_N[None, :] <= mid_M[:, None], axis=1, dtype=jnp.uint32)
+    found_M = at_most_M >= k_M + 1      # the k-th smallest is <= mid
+    return jnp.where(found_M, lo_M, mid_M + 1), jnp.where(found_M, mid_M, hi_M)
+  lo_M, _ = jax.lax.fori_loop(
+      0, 32, halve, (jnp.zeros(len(ks), jnp.uint32), jnp.full(len(ks), 0xFFFFFFFF, jnp.uint32)))
+  was_positive = (lo_M >> 31) == 1
+  return jax.lax.bitcast_convert_type(
+      jnp.where(was_positive, lo_M ^ jnp.uint32(0x80000000), ~lo_M), jnp.float32)
+
+
+def median(x: jax.Array) -> jax.Array:
+  """jnp.median of float32 `x` over all its elements, bit for bit (the same interpolation of the
+  two middle values, NaN if any is NaN; a zero median is +0), by selection instead of a sort: on CPU a sort of one
+  analysis site's 262k values took 62 ms, most of the analysis's time; this takes a few."""
+  x_N = x.reshape(-1).astype(jnp.float32)
+  x_N = jnp.where(x_N == 0, jnp.float32(0), x_N)   # -0 as +0 (a sort keeps either, as found)
+  n = x_N.size
+  q = np.float32(0.5) * (np.float32(n) - np.float32(1))     # as jnp.quantile computes it
+  low, high = int(np.floor(q)), int(np.ceil(q))
+  high_weight = np.float32(q - np.floor(q))
+  low_weight = np.float32(1) - high_weight
+  low_high = _kth_smallest(x_N, (low, high))
+  result = low_high[0] * low_weight + low_high[1] * high_weight
+  return jnp.where(jnp.any(jnp.isnan(x_N)), jnp.float32(jnp.nan), result)
+
+
 def _where_max_abs(h_BxTxD: jax.Array) -> dict:
   """M-Act at one site: max |h|, its (batch, token, channel), and the median |h| over every
   element (the scale that makes a maximum "massive": Sun et al. 2024 call activations massive at
@@ -60,7 +99,7 @@ def _where_max_abs(h_BxTxD: jax.Array) -> dict:
   a = jnp.abs(h_BxTxD.astype(jnp.float32))
   flat = jnp.argmax(a.reshape(-1))
   return {'max': a.reshape(-1)[flat], 'where': jnp.stack(jnp.unravel_index(flat, a.shape)),
-          'median': jnp.median(a)}
+          'median': median(a)}
 
 
 class Block(Inspectable, nnx.Module):
