@@ -16,15 +16,19 @@ the first probe's (list 1 first: runs side by side slow each other's steps, so t
 time a shared machine); later probes are measured against it.
 
 Measured 2026-12-03 on the 2-core CPU (the machine's speed drifts ~20% between invocations, so
-compare ratios, not seconds):
-  300 steps, --jobs 1: 109 s against 66 s of arithmetic, 1.65x (the runner's own line: 1.58x);
-      before main.py --analyze (commit abb8966): 129 s against 81 s, 1.59x (1.53x).
-  300 steps, --jobs 2: 115 s, 1.74x against the --jobs 1 arithmetic (each step slows 2x).
-  1,000 steps, --jobs 1: 295 s against 251 s, 1.18x (1.16x); at abb8966 255 s against 205 s,
-      1.25x (1.23x).
-Per run, beyond its arithmetic: ~7 s (start-up, 3 evaluations, a checkpoint, then the analysis:
-its full evaluation of 4 batches ~1.5 s, 5 figures ~1.3 s), ~12 s for the first run of a variant
-(its compiles); the in-process analysis saves ~1-2 s a run against a separate --mode=analyze.
+compare ratios, not seconds); the runner's own line in brackets:
+  commit abb8966 (a separate --mode=analyze; jnp.median's sort in every inspection):
+      300 steps 129 s against 81 s of arithmetic, 1.59x (1.53x); 1,000 steps 255 s against
+      205 s, 1.25x (1.23x).
+  with main.py --analyze (8ecadfb): 300 steps 109 s against 66 s, 1.65x (1.58x); 1,000 steps
+      295 s against 251 s, 1.18x (1.16x). --jobs 2 at 300 steps: 115 s, 1.74x against the
+      --jobs 1 arithmetic (each step slows 2x: one run already uses both cores).
+  and M-Act's median by selection (913edd9): 300 steps 114 s against 76 s, 1.50x (1.44x);
+      1,000 steps 276 s against 239 s, 1.16x (1.14x).
+Per run, beyond its arithmetic, now: ~4-6 s (start-up, 3 evaluations, a checkpoint, the
+analysis: its full evaluation of 4 batches 0.22 s, 5 figures ~1.3 s), ~6-10 s more for the first
+run of a variant (its compiles). At 300 steps (~18 s of arithmetic a run) that fixed cost keeps
+the ratio near 1.5x; at the experiments' 1,000 steps it is within the 1.2x goal.
 """
 
 import argparse
