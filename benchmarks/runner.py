@@ -11,7 +11,8 @@ Printed, for each --jobs value (one probe after the other, each from an empty di
 runner's wall time, the runs' training arithmetic (each run's steps x its median step time,
 report.step_arithmetic) and their ratio (the goal: <= 1.2x), then where the rest goes, per run:
 the training process's wall time beyond its arithmetic (start-up, compile, evaluations,
-checkpoints), the analysis process, and the runner's own time between them. The arithmetic is
+checkpoints, and the analysis where main.py --analyze did it), a separate analysis process (0
+where there was none), and the runner's own time between them. The arithmetic is
 the first probe's (list 1 first: runs side by side slow each other's steps, so their own rows
 time a shared machine); later probes are measured against it.
 
@@ -63,16 +64,14 @@ def parse_args(argv):
 
 def breakdown(out: str) -> list[dict]:
   """Per run: training wall time and arithmetic, analysis wall time (runner.json, metrics)."""
-  from experiments import report
+  from experiments import report  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import rundir  # pylint: disable=g-import-not-at-top
   rows = []
   for name in sorted(os.listdir(os.path.join(out, 'runs'))):
     workdir = os.path.join(out, 'runs', name)
-    with open(os.path.join(workdir, 'runner.json')) as f:
-      state = json.load(f)
-    with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-      metrics = [json.loads(line) for line in f]
+    state = report.read_runner(workdir)
     rows.append({'run': name, 'train_seconds': state.get('train_seconds', 0.0),
-                 'arithmetic': report.step_arithmetic(metrics),
+                 'arithmetic': report.step_arithmetic(rundir.read_metrics(workdir)),
                  'analyze_seconds': state.get('analyze_seconds', 0.0)})
   return rows
 

@@ -88,7 +88,7 @@ def after_training(finished) -> dict:
   saved it (training/loop.py `Finished`), in the training process: the parameters in memory
   (the final checkpoint's), its data pipeline and its model factory (the compiled evaluation,
   the mesh), so nothing is restored, rebuilt or imported again. Writes what `--mode=analyze
-  --workdir=RUN` writes, the same numbers (tests/test_modes.py compares them)."""
+  --workdir=RUN` writes, the same numbers (tests/test_analysis.py compares them)."""
   t0 = time.time()
   workdir = finished.workdir
   saved = rundir.read_config(workdir)
