@@ -84,6 +84,22 @@ def test_warmup_then_cosine_schedule():
   assert float(sched(2)) == pytest.approx(tc.learning_rate * 2 / tc.warmup_steps)
 
 
+def test_learning_rate_at_is_the_schedule_compiled_once():
+  """The logged learning rate (one compiled program, as the optimizer's step computes it) equals
+  the eager schedule to float32 rounding at every step of warm-up, cosine decay and past the
+  end; one program serves a schedule."""
+  tc = tiny_config().train
+  tc.update(learning_rate=3e-3, min_learning_rate=7e-5, warmup_steps=7, steps=50)
+  eager = train_lib.learning_rate_schedule(tc)
+  for step in range(0, 56):
+    assert train_lib.learning_rate_at(tc, step) == pytest.approx(float(eager(step)), rel=1e-6,
+                                                                 abs=1e-7 * tc.learning_rate), step
+  assert train_lib._compiled_schedule.cache_info().currsize >= 1
+  before = train_lib._compiled_schedule.cache_info().misses
+  train_lib.learning_rate_at(tc, 3)
+  assert train_lib._compiled_schedule.cache_info().misses == before
+
+
 def test_weight_decay_skips_norms_and_biases():
   c = tiny_config('g1_input_independent')
   setup = train_lib.Setup(c, sharding.build_mesh(c.mesh))

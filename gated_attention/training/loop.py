@@ -271,7 +271,7 @@ def _step(run: _Run, batch) -> dict:
 def _log_train(run: _Run, metrics, throughput: Throughput):
   tc = run.config.train
   metrics = jax.device_get(metrics)
-  metrics.update(learning_rate=float(train_lib.learning_rate_schedule(tc)(run.step - 1))
+  metrics.update(learning_rate=train_lib.learning_rate_at(tc, run.step - 1)
                  * run.lr_scale, loss_level=run.guard.level,
                  skipped_total=run.guard.totals['skipped'],
                  spikes_total=run.guard.totals['spikes'], **throughput.metrics())

@@ -12,6 +12,7 @@ from the BOS tokens of its inputs (model.document_ids) and the attention stays i
 """
 
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,24 @@ def learning_rate_schedule(tc) -> optax.Schedule:
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=tc.learning_rate, warmup_steps=tc.warmup_steps,
       decay_steps=max(tc.steps, tc.warmup_steps + 1), end_value=tc.min_learning_rate)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_schedule(peak: float, warmup: int, steps: int, end: float):
+  tc = types.SimpleNamespace(learning_rate=peak, warmup_steps=warmup, steps=steps,
+                             min_learning_rate=end)
+  return jax.jit(learning_rate_schedule(tc))
+
+
+def learning_rate_at(tc, step: int) -> float:
+  """The schedule's value at `step` (what the optimizer used at step + 1), for the logs: one
+  compiled program per schedule and process (the schedule's eager jnp ops compile about ten
+  small programs in every process: ~0.4 s per run, or their cache loads). Equal to
+  `learning_rate_schedule(tc)(step)` to float32 rounding (the eager ops round between
+  operations, a compiled program as the optimizer's step does; tests/test_train.py)."""
+  schedule = _compiled_schedule(float(tc.learning_rate), int(tc.warmup_steps), int(tc.steps),
+                                float(tc.min_learning_rate))
+  return float(schedule(step))
 
 
 def make_optimizer(tc) -> optax.GradientTransformation:
