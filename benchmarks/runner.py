@@ -26,6 +26,10 @@ compare ratios, not seconds); the runner's own line in brackets:
       --jobs 1 arithmetic (each step slows 2x: one run already uses both cores).
   and M-Act's median by selection (913edd9): 300 steps 114 s against 76 s, 1.50x (1.44x);
       1,000 steps 276 s against 239 s, 1.16x (1.14x).
+  and the learning rate logged from one compiled schedule (7b38738: 17 compiles in a run instead
+      of 28): 300 steps 126 s against 79 s, 1.59x (1.50x): within this machine's drift of the
+      line above. The whole sink suite at 7b38738 (experiments/sink_synthetic.py, 30 runs of
+      1,000 steps, empty output directory, alone): 2,427 s against 2,143 s of arithmetic, 1.13x.
 Per run, beyond its arithmetic, now: ~4-6 s (start-up, 3 evaluations, a checkpoint, the
 analysis: its full evaluation of 4 batches 0.22 s, 5 figures ~1.3 s), ~6-10 s more for the first
 run of a variant (its compiles). At 300 steps (~18 s of arithmetic a run) that fixed cost keeps
