@@ -915,6 +915,25 @@ def test_deleted_checkpoint_metadata_is_unverified_not_silent(reference, tmp_pat
   assert 'is unverified: its _CHECKPOINT_METADATA is missing' in out, out
 
 
+def test_disk_check_waits_for_the_save_in_flight(tmp_path, monkeypatch):
+  """A save issued while the previous one is still being written (a fast loop): the disk check
+  measures that previous checkpoint, not nothing, and names it as the step to resume from."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  params = {'w': jnp.arange(4096.0), 'b': jnp.ones(8)}
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path / 'run'))
+  try:
+    ckpt.save_params(1, params)                     # asynchronous: returns while writing
+    usage = shutil.disk_usage(str(tmp_path))
+    monkeypatch.setattr(ckpt_lib, 'shutil', types.SimpleNamespace(
+        disk_usage=lambda _: usage._replace(free=1 << 10)))
+    with pytest.raises(ckpt_lib.CheckpointError, match=r'it resumes from step 1\.'):
+      ckpt.save_params(2, params)
+    assert ckpt.all_steps() == [1]
+  finally:
+    monkeypatch.undo()
+    ckpt.close()
+
+
 def test_nonfinite_values_are_caught_without_checksums(tmp_path, monkeypatch):
   """A checkpoint holding a NaN (written with the save's own check bypassed) and no metadata:
   the parameters-only restore refuses it."""

@@ -183,7 +183,11 @@ class Checkpointer:
         self.manager.wait_until_finished()
 
   def _check_disk_space(self):
-    """Refuses a save the disk cannot hold: less free space than the last checkpoint took."""
+    """Refuses a save the disk cannot hold: less free space than the last checkpoint took. It
+    first waits for the save in flight (the next save would wait for it anyway): until that one
+    is committed, the latest step is the one before it, or none (a fast loop reached its second
+    save before the first was written, and the check measured nothing)."""
+    self.wait()
     latest = self.latest_step()
     if latest is None:
       return
