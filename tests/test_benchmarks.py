@@ -133,3 +133,17 @@ def test_gpu_session_control_flow_on_cpu(tmp_path):
   assert session['stages']['sink']['status'] == 'done' and session['sink_steps'] == 4
   table = (out / 'sink' / 'results.md').read_text()
   assert '| baseline | 1/1 |' in table and '| g1_elementwise | 1/1 |' in table
+
+
+def test_attention_benchmark_pytorch_sdpa_gradients_equal_the_chunked_core():
+  """benchmarks/attention.py --pytorch: PyTorch's SDPA (causal, GQA) and the chunked core give
+  the same gradients of sum(out^2) on random inputs (the float64 reference of the core is
+  tests/test_attention.py's), so the two columns time the same computation."""
+  pytest.importorskip('torch')
+  bench = _load('attention')
+  qkv = bench.inputs(T=64, B=2, heads=(4, 2, 16))
+  _, jax_grads = bench.jax_grads('chunked', 32, *qkv)
+  _, torch_grads = bench.pytorch_grads(*qkv)
+  assert [g.shape for g in torch_grads] == [x.shape for x in qkv]
+  assert bench.max_difference(jax_grads, torch_grads) < 1e-4
+  assert max(float(np.max(np.abs(g))) for g in torch_grads) > 1e-2   # not trivially equal
