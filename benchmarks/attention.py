@@ -11,7 +11,7 @@ requirements-test.txt) as the last column: the same inputs and loss, timed the s
 largest difference of its gradients from the first JAX implementation's. The README's CPU section
 uses it for the training-speed shapes (benchmarks/shapes.py):
 
-  python -m benchmarks.attention --lengths=256 --tokens=4096 --heads=4,2,64 --rounds=7 --pytorch
+  python -m benchmarks.attention --lengths=256 --tokens=4096 --heads=4,2,64 --rounds=15 --pytorch
   python -m benchmarks.attention --lengths=512 --tokens=4096 --heads=8,4,64 --rounds=7 --pytorch
 
   python -m benchmarks.attention [--lengths=128,256,512,1024,2048]

@@ -8,15 +8,15 @@ compiler produced (gated_attention/compilation_cache.py), so no result changes; 
 exercise the cache itself (tests/test_compilation_cache.py, tests/test_faults.py) point JAX at
 their own directory and restore this one afterwards. A `JAX_COMPILATION_CACHE_DIR` set by the
 caller is used as it is and kept; otherwise the session's directory is removed at its end.
+Every compile is stored, however short, as `config.compilation_cache` does.
 """
 
 import os
 import shutil
 import tempfile
 
-_SETTINGS = {'JAX_COMPILATION_CACHE_DIR': None,
-             'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
-             'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'}
+from gated_attention import compilation_cache
+
 _made = []
 
 
@@ -25,15 +25,10 @@ def pytest_configure(config):
   if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
     _made.append(tempfile.mkdtemp(prefix='gated_attention_test_xla_cache_'))
     os.environ['JAX_COMPILATION_CACHE_DIR'] = _made[0]
-  for name, value in _SETTINGS.items():
-    if value is not None:
-      os.environ.setdefault(name, value)
-  import jax  # pylint: disable=g-import-not-at-top  (after the environment: JAX reads it once)
-  jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
-  jax.config.update('jax_persistent_cache_min_compile_time_secs',
-                    float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
-  jax.config.update('jax_persistent_cache_min_entry_size_bytes',
-                    int(os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES']))
+  # The subprocesses read these from the environment; this process gets them from enable().
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+  compilation_cache.enable(os.environ['JAX_COMPILATION_CACHE_DIR'])
 
 
 def pytest_unconfigure(config):
