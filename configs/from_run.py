@@ -7,19 +7,18 @@ refused by name, except those retired since (configs/base.py RETIRED_KEYS).
 """
 
 import json
-import os
 
 from configs import base
+from gated_attention import storage
 
 
 def get_config(run: str = ''):
   if not run:
     raise ValueError('configs/from_run.py needs a run directory or a config.json after a colon: '
                      '--config=configs/from_run.py:runs/NAME')
-  path = os.path.join(run, 'config.json') if os.path.isdir(run) else run
-  if not os.path.isfile(path):
+  path = storage.join(run, 'config.json') if storage.isdir(run) else run
+  if not storage.isfile(path):
     raise ValueError(f'configs/from_run.py:{run}: {path} does not exist (pass a run directory '
                      'that holds config.json, or the path of a config.json).')
-  with open(path) as f:
-    saved = json.load(f)
+  saved = json.loads(storage.read_bytes(path))
   return base.from_saved(saved, source=path)

@@ -140,6 +140,26 @@ def _libraries_log_to(log_dir: str):
   import atexit  # pylint: disable=g-import-not-at-top
   import logging as std_logging  # pylint: disable=g-import-not-at-top
   import shutil  # pylint: disable=g-import-not-at-top
+  from gated_attention import storage  # pylint: disable=g-import-not-at-top
+  if storage.is_remote(log_dir):     # object storage: written here, copied there at the exit
+    import tempfile  # pylint: disable=g-import-not-at-top
+    local = tempfile.mkdtemp(prefix='gated_attention_logs_')
+
+    def upload():
+      try:
+        logging.get_absl_handler().flush()
+        for name in os.listdir(local):
+          path = os.path.join(local, name)
+          if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path):
+            with open(path, 'rb') as f:
+              storage.write(storage.join(log_dir, name), f.read())
+      except Exception:  # pylint: disable=broad-except  # logs are a convenience; never fail on them
+        pass
+      shutil.rmtree(local, ignore_errors=True)
+    atexit.register(upload)
+    logging.get_absl_handler().use_absl_log_file('main', local)
+    std_logging.raiseExceptions = False
+    return
   workdir = os.path.dirname(os.path.abspath(log_dir))
   created = not os.path.exists(workdir)
   try:
@@ -208,8 +228,13 @@ def dispatch(args: modes.Args):
   if mode.name == 'train' and not FLAGS['verbosity'].present:
     first = (next(iter(rundir.seed_workdirs(args.workdir, args.seeds).values())) if args.seeds
              else args.workdir)    # several seeds: the libraries' logs go to the first's logs/
-    _libraries_log_to(os.path.join(first, rundir.LOGS_DIR))
+    _libraries_log_to(_join(first, rundir.LOGS_DIR))
   mode.load().main(args)
+
+
+def _join(workdir: str, name: str) -> str:
+  from gated_attention import storage  # pylint: disable=g-import-not-at-top
+  return storage.join(workdir, name)
 
 
 def _resolved_argv(argv: list[str]) -> list[str]:

@@ -14,6 +14,7 @@ in the environment does the same for any command.
 
 import os
 
+from gated_attention import storage
 from gated_attention.errors import ConfigError
 
 _enabled = ['']
@@ -23,15 +24,18 @@ def enable(directory: str):
   """Stores and reads compiled programs in `directory` ('': leaves JAX's setting as it is)."""
   if not directory:
     return
-  directory = os.path.abspath(os.path.expanduser(directory))
+  remote = storage.is_remote(directory)    # gs://: JAX reads and writes it through etils epath
+  directory = storage.abspath(directory if remote else os.path.expanduser(directory))
   if _enabled[0] == directory:
     return
+  if remote:
+    storage.check_reachable(directory, write=True)
   try:
-    os.makedirs(directory, exist_ok=True)
+    storage.makedirs(directory)
   except OSError as e:
     raise ConfigError(f'config.compilation_cache={directory!r} cannot be created ({e}); give a '
                       "writable directory, or '' for no persistent compilation cache.") from None
-  if not os.access(directory, os.W_OK):
+  if not remote and not os.access(directory, os.W_OK):
     raise ConfigError(f'config.compilation_cache={directory!r} is not writable; give a writable '
                       "directory, or '' for no persistent compilation cache.")
   import jax  # pylint: disable=g-import-not-at-top

@@ -35,8 +35,9 @@ from gated_attention.errors import UserError
 # file system reads and writes every bucket, hierarchical ones included.
 os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
 
-# How long check_reachable retries a bucket that does not answer before it says so.
-REACH_TIMEOUT_S = 30.0
+# How long check_reachable retries a bucket that does not answer before it says so
+# (GATED_ATTENTION_STORAGE_TIMEOUT_S overrides it).
+REACH_TIMEOUT_S = float(os.environ.get('GATED_ATTENTION_STORAGE_TIMEOUT_S', 30.0))
 _SCHEME = re.compile(r'^([a-zA-Z][a-zA-Z0-9+.-]*)://')
 
 
@@ -83,7 +84,9 @@ def filesystem(path: str):
   """(fsspec file system, its path without the scheme) of a remote path."""
   import fsspec  # pylint: disable=g-import-not-at-top
   try:
-    fs, fs_path = fsspec.core.url_to_fs(path)
+    # No cached listings: other processes (the trainer, other hosts) write the same prefixes, and
+    # a cached parent listing would hide what they wrote since.
+    fs, fs_path = fsspec.core.url_to_fs(path, use_listings_cache=False)
   except ImportError as e:
     raise StorageError(
         f'{path} is on {scheme(path)}:// storage, which needs its fsspec package ({e}); for '
@@ -270,6 +273,17 @@ def copy_tree(src: str, dst: str):
   with _errors(src, 'copy'):
     for f in fs.find(s):
       fs.copy(f, d + f[len(s):])
+
+
+def upload_tree(local_dir: str, remote: str):
+  """Copies every file under the local folder `local_dir` to the same place under `remote`
+  (streamed, not read whole into memory: safetensors files of several GB)."""
+  fs, r = filesystem(remote)
+  with _errors(remote, 'upload to'):
+    for d, _, files in os.walk(local_dir):
+      for name in sorted(files):
+        path = os.path.join(d, name)
+        fs.put_file(path, posixpath.join(r, os.path.relpath(path, local_dir).replace(os.sep, '/')))
 
 
 def _sizes(path: str) -> dict[str, int]:

@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from gated_attention import storage
 from input_pipeline.errors import DataError
 
 _FIX = ("set --config.data.tokenizer=byte, or to a path to a Hugging Face "
@@ -119,7 +120,8 @@ class HFTokenizer(_FileTokenizer):
     import tokenizers  # pylint: disable=g-import-not-at-top
     self.path, self.name = path, f'hf:{os.path.basename(path)}'
     try:
-      self._tok = tokenizers.Tokenizer.from_file(path)
+      self._tok = (tokenizers.Tokenizer.from_str(storage.read_text(path))
+                   if storage.is_remote(path) else tokenizers.Tokenizer.from_file(path))
     except Exception as e:  # pylint: disable=broad-except
       raise DataError(f'data.tokenizer={path!r} is not a valid tokenizer.json ({e}); {_FIX}.') from e
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
@@ -136,10 +138,14 @@ class HFTokenizer(_FileTokenizer):
 def _hf_bos(tok, path: str) -> tuple[str, int]:
   """The BOS token: tokenizer_config.json's `bos_token` if given, else a known one."""
   names = list(_HF_BOS_CANDIDATES)
-  config_path = os.path.join(os.path.dirname(path), 'tokenizer_config.json')
-  if os.path.isfile(config_path):
-    with open(config_path) as f:
-      bos = json.load(f).get('bos_token')
+  config_path = storage.join(storage.dirname(path), 'tokenizer_config.json')
+  if storage.isfile(config_path):
+    try:
+      bos = json.loads(storage.read_bytes(config_path))
+    except ValueError as e:
+      raise DataError(f'{config_path} (beside data.tokenizer={path!r}) is not valid JSON ({e}); '
+                      'fix or remove it (it only names the BOS token).') from e
+    bos = bos.get('bos_token') if isinstance(bos, dict) else None
     bos = bos.get('content') if isinstance(bos, dict) else bos
     if bos:
       names.insert(0, bos)
@@ -160,7 +166,9 @@ class SentencePieceTokenizer(_FileTokenizer):
     import sentencepiece  # pylint: disable=g-import-not-at-top
     self.path, self.name = path, f'sentencepiece:{os.path.basename(path)}'
     try:
-      self._sp = sentencepiece.SentencePieceProcessor(model_file=path)
+      self._sp = (sentencepiece.SentencePieceProcessor(model_proto=storage.read_bytes(path))
+                  if storage.is_remote(path) else
+                  sentencepiece.SentencePieceProcessor(model_file=path))
     except Exception as e:  # pylint: disable=broad-except
       raise DataError(f'data.tokenizer={path!r} is not a valid sentencepiece model ({e}); {_FIX}.') from e
     self.vocab_size = self._sp.get_piece_size()
@@ -184,7 +192,7 @@ def make_tokenizer(spec: str) -> Tokenizer:
     raise DataError(f'data.tokenizer is empty; {_FIX} (Qwen\'s tokenizer.json for the paper scales).')
   if not spec.endswith(('.json', '.model')):
     raise DataError(f'Unknown data.tokenizer={spec!r}; {_FIX}.')
-  path = os.path.expanduser(spec)
-  if not os.path.isfile(path):
+  path = spec if storage.is_remote(spec) else os.path.expanduser(spec)
+  if not storage.isfile(path):
     raise DataError(f'data.tokenizer={spec!r}: the file does not exist; {_FIX}.')
   return HFTokenizer(path) if path.endswith('.json') else SentencePieceTokenizer(path)

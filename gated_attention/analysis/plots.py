@@ -12,6 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from gated_attention import storage
 from gated_attention.analysis import metrics
 
 SITE_LABELS = {'attn_out': 'attention output', 'attn_residual': 'after attention residual',
@@ -35,6 +36,12 @@ def to_png(fig: Figure) -> bytes:
 
 
 def save(fig: Figure, path: str) -> str:
+  """`fig` as a PNG file at `path` (a local path or gs://...)."""
+  if storage.is_remote(path):
+    buf = io.BytesIO()
+    fig.savefig(buf, format='png', dpi=110)
+    storage.write(path, buf.getvalue())
+    return path
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=110)
   return path

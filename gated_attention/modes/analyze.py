@@ -18,12 +18,12 @@ Writes RUN/analysis/ (analysis/analyze.py: report.json, attention_maps.npz, the 
 
 import json
 import math
-import os
 import time
 
 import jax
 
 import input_pipeline
+from gated_attention import storage
 from gated_attention.analysis import analyze
 from gated_attention.runs import rundir
 from gated_attention.runs.factory import ModelFactory
@@ -120,7 +120,7 @@ def _analyse(workdir, cfg, factory, params, step, data, opts, out_dir, t0) -> di
         f'M-Act {fmt(report["m_act_mean"], ".1f")}, gate score '
         f'{fmt(report["gate_score_mean"], ".3f")}, ppl {fmt(report["ppl"], ".3f")} '
         f'({report["num_batches"]} batches of {cfg.train.batch_size} x {cfg.data.seq_len}, '
-        f'{time.time() - t0:.0f}s) -> {os.path.join(out_dir, "report.json")}', flush=True)
+        f'{time.time() - t0:.0f}s) -> {storage.join(out_dir, "report.json")}', flush=True)
   if not math.isfinite(result.loss):
     print('Warning: the validation loss is not finite.')
   return report

@@ -5,8 +5,11 @@
 
 import json
 import re
+import shutil
 import sys
+import tempfile
 
+from gated_attention import storage
 from gated_attention.errors import ConfigError
 from gated_attention.runs.hf import interop
 
@@ -26,7 +29,22 @@ def shard_bytes(size: str) -> int:
 def main(args):
   if not args.out:
     sys.exit('--mode=export needs --out=DIR, the Hugging Face directory to write.')
-  print(json.dumps(interop.export_run(args.workdir, args.out, step=args.step,
-                                      dtype=args.export_dtype,
-                                      max_shard_bytes=shard_bytes(args.max_shard_size),
-                                      remote_code_dir=args.remote_code_dir), indent=1))
+  if not storage.is_remote(args.out):
+    print(json.dumps(_export(args, args.out), indent=1))
+    return
+  # Object storage: written into a local folder first (safetensors are written by seeking), then
+  # uploaded file by file; nothing is left under --out if the export fails.
+  storage.check_reachable(args.out, write=True)
+  local = tempfile.mkdtemp(prefix='gated_attention_export_')
+  try:
+    summary = _export(args, local + '/hf')
+    storage.upload_tree(local + '/hf', args.out)
+  finally:
+    shutil.rmtree(local, ignore_errors=True)
+  print(json.dumps(summary | {"out_dir": args.out}, indent=1))
+
+
+def _export(args, out: str) -> dict:
+  return interop.export_run(args.workdir, out, step=args.step, dtype=args.export_dtype,
+                            max_shard_bytes=shard_bytes(args.max_shard_size),
+                            remote_code_dir=args.remote_code_dir)

@@ -12,10 +12,10 @@ positions (mqar) by its retrieval accuracy instead of the RULER text tasks.
 
 import json
 import math
-import os
 import time
 
 import input_pipeline
+from gated_attention import storage
 from gated_attention.inference import generate, long_context
 from gated_attention.modes import sample
 from gated_attention.runs import rundir
@@ -36,7 +36,7 @@ def run(workdir: str, *, overrides: dict | None = None) -> dict:
   task = getattr(data, 'task', None)  # a synthetic task: generated documents, its own retrieval
   docs = (long_context.synthetic_documents(task, max(lengths) + 1, opts.docs) if task else
           long_context.long_documents(data, max(lengths) + 1, opts.docs))
-  report = {'workdir': os.path.abspath(workdir), 'variant': cfg.get('variant', ''),
+  report = {'workdir': storage.abspath(workdir), 'variant': cfg.get('variant', ''),
             'step': run_.step, 'train_seq_len': int(cfg.data.seq_len),
             'rope_tag': long_context.rope_tag(run_.model_cfg),
             'rope_base': run_.model_cfg.rope_base,
@@ -59,13 +59,11 @@ def run(workdir: str, *, overrides: dict | None = None) -> dict:
         opts.batch_size) if tasks and opts.examples else {}
   report['examples_per_cell'] = int(opts.examples)
   report['seconds'] = round(time.time() - t0, 1)
-  out_dir = os.path.join(workdir, rundir.LONG_CONTEXT_DIR, opts.tag or report['rope_tag'])
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, 'report.json'), 'w') as f:
-    json.dump(report, f, indent=1, allow_nan=False)
+  out_dir = storage.join(workdir, rundir.LONG_CONTEXT_DIR, opts.tag or report['rope_tag'])
+  storage.makedirs(out_dir)
+  storage.write(storage.join(out_dir, 'report.json'), json.dumps(report, indent=1, allow_nan=False))
   table = long_context.table(report)
-  with open(os.path.join(out_dir, 'long_context.md'), 'w') as f:
-    f.write(table)
+  storage.write(storage.join(out_dir, 'long_context.md'), table)
   long_context.figures(report, out_dir)
   print(table + f'({report["seconds"]:.0f}s) -> {out_dir}', flush=True)
   if not all(math.isfinite(b['loss']) for b in report['loss']['buckets']):

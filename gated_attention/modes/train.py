@@ -8,8 +8,7 @@ directory (runs/rundir.py seed_workdirs); without --config they continue with th
 of the first seed's directory.
 """
 
-import os
-
+from gated_attention import storage
 from gated_attention.runs import rundir
 from gated_attention.training import loop
 from gated_attention.training import seeds
@@ -19,8 +18,8 @@ def train_config(args, workdir: str | None = None):
   """The --config given; without one, the saved config of a workdir that holds a run (`workdir`,
   default --workdir), with the command line's overrides."""
   workdir = workdir or args.workdir
-  saved = os.path.join(workdir, rundir.CONFIG_FILE)
-  if args.config_given or not os.path.isfile(saved):
+  saved = storage.join(workdir, rundir.CONFIG_FILE)
+  if args.config_given or not storage.isfile(saved):
     return args.config
   resumed = rundir.read_config(workdir)
   resumed.update_from_flattened_dict(dict(args.overrides))

@@ -18,6 +18,11 @@ long-context, init_from) verify the same way and never change the run directory:
 that verifies, with a warning for each bad newer one, or a one-paragraph CheckpointError for a
 bad step asked for by number.
 
+On object storage (a gs:// run directory) orbax writes through tensorstore and epath and marks a
+finished step with commit_success.txt instead of renaming a temporary folder; setting a step
+aside is a server-side copy to `<step>.unusable`, checked, then the original deleted
+(storage.move_tree: there is no rename), and there is no free-space check (no such call).
+
 A checkpoint without a `data` item is a warm start (an import): the loop restores its
 parameters alone and starts a fresh optimizer and data iterator.
 """
@@ -34,6 +39,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from gated_attention import console
+from gated_attention import storage
 from gated_attention.errors import CheckpointError
 
 CHECKPOINTS_DIR = 'checkpoints'   # in the run directory (rundir.py lists its files)
@@ -100,7 +106,8 @@ class Checkpointer:
 
   def __init__(self, workdir: str, *, every: int = 1, keep: int | None = None,
                read_only: bool = False):
-    self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINTS_DIR)
+    self.directory = storage.join(storage.abspath(workdir), CHECKPOINTS_DIR)
+    self.remote = storage.is_remote(self.directory)
     policy = ocp.checkpoint_managers
     level = lambda m: m['loss_level']  # noqa: E731
     preserve = policy.AnyPreservationPolicy([
@@ -158,7 +165,7 @@ class Checkpointer:
     return self.manager.should_save(step)
 
   def has_data(self, step: int) -> bool:
-    return os.path.isdir(os.path.join(self.directory, str(step), 'data'))
+    return storage.isdir(storage.join(self.directory, str(step), 'data'))
 
   @contextlib.contextmanager
   def _save_errors(self):
@@ -189,7 +196,7 @@ class Checkpointer:
     save before the first was written, and the check measured nothing)."""
     self.wait()
     latest = self.latest_step()
-    if latest is None:
+    if latest is None or self.remote:   # object storage has no free-space call (and no limit)
       return
     if latest not in self._sizes:
       self._sizes[latest] = _dir_bytes(os.path.join(self.directory, str(latest)))
@@ -245,8 +252,8 @@ class Checkpointer:
     if bad:
       raise CheckpointError(f'non-finite values in {bad[:3]}')
     if want is None:
-      meta = os.path.join(self.directory, str(step), '_CHECKPOINT_METADATA')
-      why = ('its _CHECKPOINT_METADATA is missing' if not os.path.exists(meta)
+      meta = storage.join(self.directory, str(step), '_CHECKPOINT_METADATA')
+      why = ('its _CHECKPOINT_METADATA is missing' if not storage.exists(meta)
              else 'it has no checksums (written by older code?)')
       warn(f'Warning: checkpoint {step} in {self.directory} is unverified: {why}, so its arrays '
            'cannot be checked against the checksums taken when it was saved (its values are '
@@ -257,7 +264,7 @@ class Checkpointer:
       raise CheckpointError(f'checksum mismatch in {(wrong or sorted(set(got) - set(want)))[:3]}')
 
   def _restore(self, step: int, abstract_state: dict, data_iter, warn=print) -> Restored:
-    if not os.path.isdir(os.path.join(self.directory, str(step), 'state')):
+    if not storage.isdir(storage.join(self.directory, str(step), 'state')):
       raise CheckpointError('empty or partial: it holds no state')
     if not self.has_data(step):
       params = self._read_params(step, abstract_state['params'])
@@ -274,14 +281,15 @@ class Checkpointer:
     return Restored(step, out['state'], loop, warm=False)
 
   def set_aside(self, step: int) -> str:
-    """Renames an unusable step out of orbax's view (kept for inspection, never deleted)."""
-    src = os.path.join(self.directory, str(step))
+    """Moves an unusable step out of orbax's view (kept for inspection, never deleted): a rename,
+    or on object storage a checked copy and then the original's deletion."""
+    src = storage.join(self.directory, str(step))
     dst, n = f'{src}.unusable', 1
-    while os.path.exists(dst):
+    while storage.exists(dst):
       n += 1
       dst = f'{src}.unusable{n}'
     if jax.process_index() == 0:
-      os.rename(src, dst)
+      storage.move_tree(src, dst)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices(f'set_aside_{step}')
@@ -290,15 +298,15 @@ class Checkpointer:
 
   def _check_processes(self, step: int):
     """The data iterator's position is saved per process: the process count must match."""
-    data = os.path.join(self.directory, str(step), 'data')
+    data = storage.join(self.directory, str(step), 'data')
     mine = f'process_{jax.process_index()}-of-{jax.process_count()}.json'
-    if os.path.isdir(data) and not os.path.exists(os.path.join(data, mine)):
-      saved = sorted(f for f in os.listdir(data) if f.startswith('process_'))
+    if storage.isdir(data) and not storage.exists(storage.join(data, mine)):
+      saved = [f for f in storage.listdir(data) if f.startswith('process_')]
       raise CheckpointError(
           f'Checkpoint {step} in {self.directory} holds the data positions of another process '
           f'count ({", ".join(saved)}); this run has {jax.process_count()} process(es). Resume '
           'with the same number of processes, or start a new --workdir with '
-          f'--config.train.init_from={os.path.dirname(self.directory)}.')
+          f'--config.train.init_from={storage.dirname(self.directory)}.')
 
   def restore_latest(self, abstract_state: dict, data_iter, *, warn=print) -> Restored | None:
     """The newest intact checkpoint, onto the shardings of `abstract_state`; unusable newer ones
@@ -322,7 +330,7 @@ class Checkpointer:
     """The parameters of checkpoint `step` alone, unverified (the optimizer state is not read).
     A reader of its own: orbax binds an item to the handler of its first use (a partial restore's
     PyTree handler here, the standard one for saves). Errors: a CheckpointError of one line."""
-    if not os.path.isdir(os.path.join(self.directory, str(step), 'state')):
+    if not storage.isdir(storage.join(self.directory, str(step), 'state')):
       raise CheckpointError('empty or partial: it holds no state')
     item = {'params': abstract_params}
     with _quiet_orbax():

@@ -2,6 +2,8 @@
 
     RUN/config.json          the run's config (check_or_write_config writes it; read_config)
     RUN/metrics.jsonl        one JSON row per log / eval / event (read_metrics)
+    RUN/metrics/<n>.jsonl    the same rows on object storage (gs://): numbered chunk objects,
+                             read back in order after metrics.jsonl (no append there)
     RUN/checkpoints/<step>/  orbax checkpoints (checkpoint.py, its CHECKPOINTS_DIR): {state, data}
     RUN/analysis/            --mode=analyze's report.json and figures (read_report)
     RUN/long_context/<tag>/  --mode=long_context's reports
@@ -25,6 +27,9 @@ cannot be written is refused before any work (`check_workdir`). Evaluating a che
 (`evaluation_config`) may change what no parameter depends on (the data, batch sizes, the
 positions' encoding) and nothing else.
 
+A run directory is a local folder or a prefix on object storage (`--workdir=gs://bucket/run`):
+every file here goes through gated_attention/storage.py, and docs/storage.md has the design.
+
 Reading configs and metrics imports no JAX (--mode=compare stays fast); opening a run's
 parameters goes through the model factory (factory.py), which verifies the checkpoint.
 """
@@ -37,11 +42,13 @@ import os
 import ml_collections
 
 from configs import base as base_config
+from gated_attention import storage
 from gated_attention.errors import CheckpointError, ConfigError, UserError
 from gated_attention.model import config as model_config
 
 CONFIG_FILE = 'config.json'
 METRICS_FILE = 'metrics.jsonl'
+METRICS_DIR = 'metrics'          # object storage: metrics chunks <n>.jsonl (training/reporting.py)
 ANALYSIS_DIR = 'analysis'
 REPORT_FILE = 'report.json'
 LOGS_DIR = 'logs'
@@ -106,12 +113,11 @@ def iterator_differences(saved: dict, current: dict) -> list[str]:
 
 def read_saved_config(workdir: str) -> dict | None:
   """The run's config.json overlaid on today's defaults (None when there is none)."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  path = storage.join(workdir, CONFIG_FILE)
+  if not storage.exists(path):
     return None
   try:
-    with open(path) as f:
-      saved = json.load(f)
+    saved = json.loads(storage.read_bytes(path))
   except (OSError, ValueError) as e:
     raise CheckpointError(f'{path} is unreadable ({e}); use a new --workdir.') from e
   try:
@@ -132,11 +138,19 @@ def seed_workdirs(workdir: str, seeds) -> dict[int, str]:
                       'seeds, e.g. --seeds=0,1,2 (each is a run directory of its own).')
   if SEED_FIELD in workdir:
     return {s: workdir.replace(SEED_FIELD, str(s)) for s in seeds}
-  return {s: os.path.join(workdir, f's{s}') for s in seeds}
+  return {s: storage.join(workdir, f's{s}') for s in seeds}
 
 
 def check_workdir(workdir: str):
-  """A workdir that is a file, or a directory we cannot write, is refused before any work."""
+  """A workdir that is a file, or a directory we cannot write, is refused before any work. On
+  object storage: a missing bucket, missing credentials or an unreachable endpoint, found by
+  writing (and deleting) a probe object there."""
+  if storage.is_remote(workdir):
+    storage.check_reachable(workdir, write=True)
+    if storage.isfile(workdir):
+      raise CheckpointError(f'--workdir={workdir} is an object, not a folder; pass a prefix '
+                            'under which the run\'s files go (e.g. gs://bucket/runs/g1).')
+    return
   workdir = os.path.abspath(workdir)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise CheckpointError(f'--workdir={workdir} is a file, not a directory; pass a directory '
@@ -153,7 +167,7 @@ def check_or_write_config(workdir: str, config, *, resuming_data: bool = False):
   """Refuses a workdir holding an incompatible run; writes config.json (process 0). With
   `resuming_data` (the latest checkpoint holds the data iterator's position), a change of
   what that position depends on is refused too."""
-  workdir = os.path.abspath(workdir)
+  workdir = storage.abspath(workdir)
   check_workdir(workdir)
   config_dict = json.loads(config.to_json())
   saved = read_saved_config(workdir)
@@ -170,11 +184,8 @@ def check_or_write_config(workdir: str, config, *, resuming_data: bool = False):
           f'weights, use a new --workdir and --config.train.init_from={workdir}.')
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, CONFIG_FILE)
-    with open(path + '.tmp', 'w') as f:
-      json.dump(config_dict, f, indent=2)
-    os.replace(path + '.tmp', path)
+    storage.makedirs(workdir)
+    storage.write(storage.join(workdir, CONFIG_FILE), json.dumps(config_dict, indent=2))
 
 
 class RunError(UserError, ValueError):
@@ -184,16 +195,15 @@ class RunError(UserError, ValueError):
 def read_config(workdir: str) -> ml_collections.ConfigDict:
   """The run's saved config (config.json) as a ConfigDict, fields added since it was saved
   at their defaults."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.isdir(workdir):
+  path = storage.join(workdir, CONFIG_FILE)
+  if not storage.isdir(workdir):
     raise RunError(f'{workdir!r} is not a directory; pass the --workdir of a training run.')
-  if not os.path.isfile(path):
+  if not storage.isfile(path):
     raise RunError(f'{workdir!r} has no {CONFIG_FILE}: it is not a training run directory (or the '
                    'run never started). Train first: python main.py --config=configs/<variant>.py '
                    f'--workdir={workdir}')
   try:
-    with open(path) as f:
-      saved = json.load(f)
+    saved = json.loads(storage.read_bytes(path))
   except (OSError, ValueError) as e:
     raise RunError(f'{path} is unreadable ({e}).') from e
   return base_config.from_saved(saved, source=path)
@@ -205,14 +215,12 @@ def read_metrics(workdir: str, *, every_row: bool = False) -> list[dict]:
   A run resumed after a crash (or rolled back) repeats steps: a later row for the same (split,
   step) replaces the earlier one, so curves have one point per step; with `every_row`, all rows
   in file order (events such as loss spikes happened in every attempt). Unparseable (e.g.
-  truncated) lines are skipped.
+  truncated) lines are skipped. The rows are metrics.jsonl's, then those of the chunks in
+  metrics/ (a run on object storage) in their numbered order.
   """
-  path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.isfile(path):
-    return []
   rows = []
-  with open(path) as f:
-    for line in f:
+  for path in metrics_files(workdir):
+    for line in storage.read_bytes(path).splitlines():
       try:
         row = json.loads(line)
       except ValueError:
@@ -225,23 +233,40 @@ def read_metrics(workdir: str, *, every_row: bool = False) -> list[dict]:
   return sorted(latest.values(), key=lambda r: (r['step'], r['split']))
 
 
+def metrics_chunk_numbers(workdir: str) -> list[int]:
+  """The numbers of the metrics chunks in RUN/metrics/ (object storage), ascending."""
+  names = storage.listdir(storage.join(workdir, METRICS_DIR))
+  return sorted(int(n[:-len('.jsonl')]) for n in names
+                if n.endswith('.jsonl') and n[:-len('.jsonl')].isdigit())
+
+
+def metrics_chunk(workdir: str, number: int) -> str:
+  return storage.join(workdir, METRICS_DIR, f'{number:08d}.jsonl')
+
+
+def metrics_files(workdir: str) -> list[str]:
+  """The files holding the run's metrics rows, in the order they were written."""
+  single = storage.join(workdir, METRICS_FILE)
+  first = [single] if storage.isfile(single) else []
+  return first + [metrics_chunk(workdir, n) for n in metrics_chunk_numbers(workdir)]
+
+
 def analysis_dir(workdir: str) -> str:
-  return os.path.join(workdir, ANALYSIS_DIR)
+  return storage.join(workdir, ANALYSIS_DIR)
 
 
 def read_report(workdir: str) -> dict | None:
   """RUN/analysis/report.json, if the analysis has been run."""
-  path = os.path.join(analysis_dir(workdir), REPORT_FILE)
-  if not os.path.isfile(path):
+  path = storage.join(analysis_dir(workdir), REPORT_FILE)
+  if not storage.isfile(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(storage.read_bytes(path))
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
   """Steps of the finished checkpoints (unfinished orbax temporaries are ignored)."""
   from gated_attention.runs import checkpoint  # pylint: disable=g-import-not-at-top
-  if not os.path.isdir(os.path.join(workdir, checkpoint.CHECKPOINTS_DIR)):
+  if not storage.isdir(storage.join(workdir, checkpoint.CHECKPOINTS_DIR)):
     return []
   ckpt = checkpoint.Checkpointer(workdir, read_only=True)
   try:

@@ -104,6 +104,7 @@ class _Run:
   def save(self):
     if self.lock is not None:
       self.lock.check()                            # another trainer took the run over
+    self.writer.flush()                            # the rows up to it are stored before it
     # The running level ranks the checkpoint for the best-checkpoint rule only while the guard is
     # calm: spike steps do not move the level, so a state taken mid-blow-up would carry the level
     # of the good steps before it (the loop saves only when calm; this keeps the ranking honest

@@ -4,7 +4,9 @@ throughput (tokens/s, achieved TFLOP/s, MFU on known chips). Only process 0 writ
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 
@@ -12,6 +14,7 @@ import jax
 import numpy as np
 
 from gated_attention import chips
+from gated_attention import storage
 from gated_attention.model import transformer as model_lib
 from gated_attention.runs import rundir
 
@@ -37,23 +40,118 @@ def _quiet_tensorboard_thread():
   _HOOKED.append(hook)
 
 
-class MetricsWriter:
-  """metrics.jsonl (one JSON object per line, with "step" and "split") and TensorBoard events.
-
-  Only process 0 writes. TensorBoard output is optional: if writing it fails (a full disk), it is
-  turned off for the rest of the run with one note; metrics.jsonl keeps every row.
-  """
+class _Appender:
+  """A local run's metrics.jsonl: one line a row, appended and flushed at once. A last line left
+  half-written (a full disk, a kill) is ended first, so the next row is not glued onto it."""
 
   def __init__(self, workdir: str):
+    path = os.path.join(workdir, rundir.METRICS_FILE)
+    self.file = open(path, 'a')  # pylint: disable=consider-using-with
+    if self.file.tell() > 0:
+      with open(path, 'rb') as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) != b'\n':
+          self.file.write('\n')
+
+  def write(self, line: str):
+    self.file.write(line)
+    self.file.flush()
+
+  def flush(self):
+    pass
+
+  def close(self):
+    self.file.close()
+
+
+class _Chunks:
+  """A run on object storage (no append): rows are buffered and written as numbered chunk
+  objects RUN/metrics/<n>.jsonl, each created only if absent (never overwriting one), at every
+  checkpoint (so the rows up to a checkpoint are stored before it), at the end, and when the
+  oldest buffered row is `every_s` seconds old. rundir.read_metrics reads them back in order."""
+
+  def __init__(self, workdir: str, every_s: float):
+    self.workdir, self.every_s = workdir, every_s
+    self.next = max(rundir.metrics_chunk_numbers(workdir), default=0) + 1
+    self.lines, self.since = [], None
+
+  def write(self, line: str):
+    self.lines.append(line)
+    self.since = self.since or time.monotonic()
+    if time.monotonic() - self.since >= self.every_s:
+      self.flush()
+
+  def flush(self):
+    if not self.lines:
+      return
+    data = ''.join(self.lines)
+    while not storage.create(rundir.metrics_chunk(self.workdir, self.next), data):
+      self.next += 1            # a chunk of that number exists (written by an earlier attempt)
+    self.next += 1
+    self.lines, self.since = [], None
+
+  def close(self):
+    self.flush()
+
+
+class _Mirror:
+  """A local folder whose files are copied whole to a remote one at every flush (TensorBoard's
+  event files and the libraries' logs of a run on object storage: they append)."""
+
+  def __init__(self, remote: str, prefix: str):
+    self.remote, self.local = remote, tempfile.mkdtemp(prefix=prefix)
+    self._sent = {}
+
+  def sync(self):
+    for name in sorted(os.listdir(self.local)):
+      path = os.path.join(self.local, name)
+      if not os.path.isfile(path):
+        continue
+      stat = os.stat(path)
+      if self._sent.get(name) != (stat.st_size, stat.st_mtime_ns):
+        with open(path, 'rb') as f:
+          storage.write(storage.join(self.remote, name), f.read())
+        self._sent[name] = (stat.st_size, stat.st_mtime_ns)
+
+  def close(self):
+    try:
+      self.sync()
+    finally:
+      shutil.rmtree(self.local, ignore_errors=True)
+
+
+# A run on object storage writes its buffered metrics rows at least this often (seconds).
+METRICS_FLUSH_S = 60.0
+
+
+class MetricsWriter:
+  """metrics.jsonl (one JSON object per line, with "step" and "split") and TensorBoard events;
+  on object storage metric chunks (`_Chunks`) and event files written locally and copied to
+  RUN/tensorboard/ at every flush.
+
+  Only process 0 writes. TensorBoard output is optional: if writing it fails (a full disk), it is
+  turned off for the rest of the run with one note; metrics.jsonl keeps every row. `flush()`
+  stores every row written so far (the loop calls it before each checkpoint).
+  """
+
+  def __init__(self, workdir: str, flush_s: float = METRICS_FLUSH_S):
     self.enabled = jax.process_index() == 0
     if not self.enabled:
       return
-    os.makedirs(workdir, exist_ok=True)
-    self.jsonl = open(os.path.join(workdir, rundir.METRICS_FILE), 'a')
+    self.tb_mirror = None
+    if storage.is_remote(workdir):
+      self.jsonl = _Chunks(workdir, flush_s)
+      self.tb_mirror = _Mirror(storage.join(workdir, rundir.TENSORBOARD_DIR),
+                               'gated_attention_tensorboard_')
+      tb_dir = self.tb_mirror.local
+    else:
+      os.makedirs(workdir, exist_ok=True)
+      self.jsonl = _Appender(workdir)
+      tb_dir = os.path.join(workdir, rundir.TENSORBOARD_DIR)
     self.tb_failed = threading.Event()
     try:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self.tb = SummaryWriter(os.path.join(workdir, rundir.TENSORBOARD_DIR))
+      self.tb = SummaryWriter(tb_dir)
     except ImportError:  # TensorBoard output is optional
       self.tb = None
     except OSError as e:
@@ -89,7 +187,6 @@ class MetricsWriter:
     row = {'step': int(step), 'split': split}
     row.update({k: _jsonable(v) for k, v in metrics.items()})
     self.jsonl.write(json.dumps(row) + '\n')
-    self.jsonl.flush()
     if self.tb is not None and self.tb_failed.is_set():
       self._tb_off(OSError('its writer thread failed'))
     if self.tb is not None:
@@ -101,6 +198,14 @@ class MetricsWriter:
       except OSError as e:
         self._tb_off(e)
 
+  def flush(self):
+    """Stores the rows written so far (object storage: a chunk; TensorBoard's files copied)."""
+    if not self.enabled:
+      return
+    self.jsonl.flush()
+    if self.tb_mirror is not None:
+      self.tb_mirror.sync()
+
   def close(self):
     if self.enabled:
       self.jsonl.close()
@@ -111,6 +216,8 @@ class MetricsWriter:
           self.tb.close()
         except OSError as e:
           self._tb_off(e)
+      if self.tb_mirror is not None:
+        self.tb_mirror.close()
 
 
 def _jsonable(v):

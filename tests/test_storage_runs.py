@@ -1,0 +1,130 @@
+"""Run directories on object storage (issue 36): main.py with --workdir=gs://... against a real
+GCS API server (fake-gcs-server, tests/gcs_server.py), compared with the same runs on a local
+disk (tests/test_faults.py's tiny config, its reference run and helpers).
+
+  - train on gs://, kill -9 while checkpoint 20 is being written, the same command again: the
+    run ends with the reference's per-step losses and parameters, bitwise;
+  - analyze, export (to gs://) and compare read it there; the export's weights are byte for byte
+    the local reference's export;
+  - a missing bucket, an unreachable endpoint and missing credentials are one paragraph before
+    any training.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gated_attention import storage
+from gated_attention.runs import rundir
+from tests.test_faults import (REPO, STEPS, assert_like_reference, env, kill_when, main_cmd,  # noqa: F401  pylint: disable=unused-import
+                               one_paragraph, reference, run_main)
+
+pytestmark = pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+
+
+@pytest.fixture(scope='module')
+def bucket(gcs_server):
+  from tests.conftest import Bucket  # pylint: disable=g-import-not-at-top
+  return Bucket(gcs_server)
+
+
+def _saving(workdir, step):
+  """While orbax writes checkpoint `step` on object storage: objects under checkpoints/<step>/
+  and no commit_success.txt yet (orbax's mark of a finished step there; no rename)."""
+  step_dir = storage.join(workdir, 'checkpoints', str(step))
+  def ready():
+    names = storage.listdir(step_dir)
+    return bool(names) and 'commit_success.txt' not in names
+  ready.what = f'mid-save of checkpoint {step} on gs://'
+  return ready
+
+
+@pytest.fixture(scope='module')
+def gcs_run(env, reference, bucket, tmp_path_factory):
+  """A run trained on gs://, killed mid-save of checkpoint 20, then resumed to the end."""
+  del reference
+  workdir = bucket.url('runs/g1')
+  log = str(tmp_path_factory.mktemp('gcs_run') / 'log')
+  kill_when(main_cmd(workdir), env, _saving(workdir, 20), log)
+  done = run_main(main_cmd(workdir), env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return workdir, done
+
+
+def test_train_on_gcs_kill9_mid_save_resumes_bitwise(gcs_run, reference):
+  workdir, done = gcs_run
+  assert 'resuming at step' in done.stdout
+  assert_like_reference(workdir, reference)       # per-step losses and parameters, bitwise
+  # The files of the run are on the bucket, none under a local folder named after the URL.
+  names = storage.listdir(workdir)
+  assert {'config.json', 'checkpoints', 'metrics', 'tensorboard'} <= set(names), names
+  assert not os.path.exists(os.path.join(REPO, 'gs:'))
+  # Metrics as numbered chunk objects, one per checkpoint at least, read back in order.
+  chunks = rundir.metrics_chunk_numbers(workdir)
+  assert len(chunks) >= 3 and chunks == sorted(chunks)
+  rows = rundir.read_metrics(workdir, every_row=True)
+  assert [r['step'] for r in rows if r['split'] == 'train'][-1] == STEPS
+  assert json.loads(storage.read_bytes(storage.join(workdir, 'config.json')))['train'][
+      'steps'] == STEPS
+
+
+def test_analyze_export_and_compare_read_from_gcs(gcs_run, reference, env, bucket, tmp_path):
+  workdir, _ = gcs_run
+  analyzed = run_main([sys.executable, 'main.py', '--mode=analyze', f'--workdir={workdir}'], env)
+  assert analyzed.returncode == 0, analyzed.stderr[-3000:]
+  report = rundir.read_report(workdir)
+  assert report['step'] == STEPS and report['workdir'] == workdir
+  assert {'report.json', 'f_attn.png', 'attention_maps.npz'} <= set(
+      storage.listdir(rundir.analysis_dir(workdir)))
+  # Export to gs:// and locally from the reference: the same weights, byte for byte.
+  out = bucket.url('exports/g1_hf')
+  for w, o in ((workdir, out), (reference.workdir, str(tmp_path / 'hf'))):
+    exported = run_main([sys.executable, 'main.py', '--mode=export', f'--workdir={w}',
+                         f'--out={o}'], env)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+  assert storage.read_bytes(storage.join(out, 'model.safetensors')) == (
+      tmp_path / 'hf' / 'model.safetensors').read_bytes()
+  assert json.loads(storage.read_bytes(storage.join(out, 'config.json'))) == json.loads(
+      (tmp_path / 'hf' / 'config.json').read_text())
+  # compare, with its output on gs:// too.
+  from gated_attention.modes import compare  # pylint: disable=g-import-not-at-top
+  table = compare.compare([workdir, reference.workdir], bucket.url('compare'))
+  assert 'g1_elementwise' in table
+  assert {'compare.md', 'compare.json', 'loss_curves.png'} <= set(
+      storage.listdir(bucket.url('compare')))
+
+
+def _fails_before_training(args, env, *, timeout=120):
+  start = time.time()
+  done = subprocess.run([sys.executable, 'main.py', '--config=configs/g1_elementwise.py'] + args,
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+  assert done.returncode == 1, (done.stdout, done.stderr)
+  one_paragraph(done.stderr)
+  assert 'step 1/' not in done.stdout and 'loss' not in done.stdout
+  return ' '.join(done.stderr.split()), time.time() - start
+
+
+def test_missing_bucket_is_one_paragraph_before_training(env):
+  err, _ = _fails_before_training(['--workdir=gs://no-such-bucket-36/run'], env)
+  assert 'gs://no-such-bucket-36 ' in err and 'does not exist' in err
+  assert 'gcloud storage buckets create' in err
+
+
+def test_unreachable_endpoint_is_one_paragraph(env):
+  err, _ = _fails_before_training(
+      ['--workdir=gs://bucket/run'],
+      {**env, 'STORAGE_EMULATOR_HOST': 'http://127.0.0.1:9',   # nothing listens there
+       'GATED_ATTENTION_STORAGE_TIMEOUT_S': '2'})
+  assert 'cannot be reached' in err
+
+
+def test_missing_credentials_are_one_paragraph(env, tmp_path):
+  no_emulator = {k: v for k, v in env.items() if k != 'STORAGE_EMULATOR_HOST'}
+  err, _ = _fails_before_training(
+      ['--workdir=gs://bucket/run'],
+      {**no_emulator, 'GOOGLE_APPLICATION_CREDENTIALS': str(tmp_path / 'missing-key.json')})
+  assert 'credentials' in err and 'gcloud auth application-default login' in err
