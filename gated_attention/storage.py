@@ -94,6 +94,14 @@ def filesystem(path: str):
   return fs, fs_path
 
 
+def _written(path: str):
+  """Forgets cached listings of `path` in every live file system of its kind: orbax's (etils
+  epath's gcsfs instance) caches listings, and would not see a step set aside here."""
+  fs, p = filesystem(path)
+  for instance in list(getattr(type(fs), '_cache', {}).values()):
+    instance.invalidate_cache(p)
+
+
 def _url(path: str, fs_path: str) -> str:
   return f'{scheme(path)}://{fs_path}'
 
@@ -260,6 +268,7 @@ def remove(path: str):
   fs, p = filesystem(path)
   with _errors(path, 'delete'):
     fs.rm_file(p)
+  _written(path)
 
 
 def copy_tree(src: str, dst: str):
@@ -305,6 +314,8 @@ def move_tree(src: str, dst: str):
                          'as it was.')
     fs, s = filesystem(src)
     fs.rm(s, recursive=True)
+  _written(src)
+  _written(dst)
 
 
 # --- objects with generations (preconditions) ------------------------------------------------

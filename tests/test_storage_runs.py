@@ -128,3 +128,31 @@ def test_missing_credentials_are_one_paragraph(env, tmp_path):
       ['--workdir=gs://bucket/run'],
       {**no_emulator, 'GOOGLE_APPLICATION_CREDENTIALS': str(tmp_path / 'missing-key.json')})
   assert 'credentials' in err and 'gcloud auth application-default login' in err
+
+
+def test_damaged_newest_checkpoint_on_gcs_is_set_aside_and_redone(gcs_run, reference, env,
+                                                                   bucket):
+  """Flipped bytes in checkpoint 30 of a copy of the gs:// run: the resumed run sets 30 aside as
+  30.unusable (a checked server-side copy, then the original deleted: no rename there), goes
+  back to 20 and trains 21-30 again, ending bitwise on the reference."""
+  workdir = bucket.url('runs/damaged')
+  storage.copy_tree(gcs_run[0], workdir)
+  step_dir = storage.join(workdir, 'checkpoints', str(STEPS))
+  fs, root = storage.filesystem(step_dir)
+  data = {f: i['size'] for f, i in fs.find(root + '/state', detail=True).items() if '/d/' in f}
+  target = f'gs://{max(data, key=data.get)}'
+  raw = bytearray(storage.read_bytes(target))
+  raw[len(raw) // 2:len(raw) // 2 + 4] = bytes(b ^ 0x5A for b in raw[len(raw) // 2:][:4])
+  storage.write(target, bytes(raw))
+  def objects(prefix):
+    f, r = storage.filesystem(prefix)
+    return {p[len(r):]: size for p, size in f.find(r, detail=True).items()
+            for size in [int(size['size'])]}
+  before = objects(step_dir)
+  done = run_main(main_cmd(workdir), env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f'checkpoint {STEPS} is unusable' in done.stdout + done.stderr
+  aside = storage.join(workdir, 'checkpoints', f'{STEPS}.unusable')
+  assert objects(aside) == before                 # every object of the bad step, kept
+  assert storage.read_bytes(aside + target[len(step_dir):]) == bytes(raw)
+  assert_like_reference(workdir, reference)
