@@ -478,6 +478,28 @@ def _text_corpus(tmp_path) -> str:
   return str(d / '*.txt')
 
 
+def test_another_model_shape_without_config_json_sets_nothing_aside(reference, tmp_path, env):
+  """Issue 37 (1): config.json gone (deleted, or a run directory copied without it) and a resume
+  with another model shape: refused naming the differing parameters, every checkpoint kept as it
+  was, no config.json written for the wrong shape; the right config then resumes."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  os.remove(os.path.join(workdir, 'config.json'))
+  before = sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
+  done = run_main(main_cmd(workdir, **{'model.hidden_size': 32}), env)
+  assert done.returncode == 1, done.stdout + done.stderr
+  one_paragraph(done.stderr)
+  err = ' '.join(done.stderr.split())
+  assert 'holds a model of other shapes than this config' in err and 'saved (' in err, err
+  assert 'left as it is' in err
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == before
+  assert not os.path.exists(os.path.join(workdir, 'config.json'))
+  assert steps_of(workdir) == [10, 20, 30]
+  # init_from with another shape names the shapes too (it said "all failed verification").
+  with pytest.raises(ckpt_lib.CheckpointError, match='holds a model of other shapes'):
+    loop.run(config(**{'model.hidden_size': 32, 'train.init_from': workdir}),
+             str(tmp_path / 'new'))
+
+
 def test_changed_data_settings_are_refused_with_the_differences(reference, tmp_path, env):
   workdir = copy_run(reference.workdir, tmp_path)
   before = {p: os.path.getmtime(os.path.join(workdir, p)) for p in ('config.json', 'checkpoints')}

@@ -308,11 +308,45 @@ class Checkpointer:
           'with the same number of processes, or start a new --workdir with '
           f'--config.train.init_from={storage.dirname(self.directory)}.')
 
+  def shape_differences(self, step: int, abstract_params: dict) -> list[str]:
+    """How the parameters saved in checkpoint `step` differ in names or shapes from
+    `abstract_params` ([] if they agree, or if the checkpoint's metadata cannot be read: then
+    the restore itself decides). A model of another shape is not a damaged checkpoint."""
+    from etils import epath  # pylint: disable=g-import-not-at-top
+    try:
+      with _quiet_orbax():
+        tree = ocp.StandardCheckpointHandler().metadata(
+            epath.Path(storage.join(self.directory, str(step), 'state')))
+      saved = getattr(tree, 'tree', tree)['params']
+    except Exception:  # pylint: disable=broad-except  # damaged metadata: not a shape question
+      return []
+    def shapes(tree):
+      return {jax.tree_util.keystr(p): tuple(getattr(leaf, 'shape', ()))
+              for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    have, want = shapes(saved), shapes(abstract_params)
+    diffs = [f'params{k}: saved {have.get(k, "absent")}, this config {want.get(k, "absent")}'
+             for k in sorted(set(have) | set(want)) if have.get(k) != want.get(k)]
+    return diffs
+
+  def check_shapes(self, step: int, abstract_params: dict):
+    diffs = self.shape_differences(step, abstract_params)
+    if diffs:
+      more = f' (and {len(diffs) - 4} more)' if len(diffs) > 4 else ''
+      raise CheckpointError(
+          f'Checkpoint {step} in {self.directory} holds a model of other shapes than this config: '
+          f'{"; ".join(diffs[:4])}{more}. The checkpoint is intact and was left as it is. The '
+          'config differs from the one the run was trained with (is its config.json missing or '
+          'replaced?): resume with the run\'s own settings (the same --config and --config.model.* '
+          'overrides), or train the new shape in a new --workdir, with '
+          f'--config.train.init_from={storage.dirname(self.directory)} only if the shapes agree.')
+
   def restore_latest(self, abstract_state: dict, data_iter, *, warn=print) -> Restored | None:
     """The newest intact checkpoint, onto the shardings of `abstract_state`; unusable newer ones
-    are set aside with a warning. None if there is none."""
+    are set aside with a warning. None if there is none. A checkpoint of another model shape is
+    refused (a CheckpointError naming the differences), never set aside."""
     for step in reversed(self.all_steps()):
       self._check_processes(step)
+      self.check_shapes(step, abstract_state['params'])
       try:
         with console.without_event_loop_noise(), _quiet_orbax():
           return self._restore(step, abstract_state, data_iter, warn)
@@ -375,6 +409,7 @@ class Checkpointer:
     with a warning naming what was wrong (read-only: never set aside or changed)."""
     steps = self.all_steps()
     for step in reversed(steps):
+      self.check_shapes(step, abstract_params)
       try:
         return step, self._verified_params(step, abstract_params, warn)
       except CheckpointError as e:

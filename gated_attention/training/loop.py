@@ -179,6 +179,8 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
   checkpointer = ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
                                        keep=tc.keep_checkpoints)
   latest = checkpointer.latest_step()
+  if latest is not None:   # another model shape is refused before config.json is written
+    checkpointer.check_shapes(latest, setup.abstract_params)
   workdir_lib.check_or_write_config(
       workdir, config, resuming_data=latest is not None and checkpointer.has_data(latest))
   run = _Run(config, workdir, data, setup, checkpointer, MetricsWriter(workdir),
