@@ -500,6 +500,22 @@ def test_another_model_shape_without_config_json_sets_nothing_aside(reference, t
              str(tmp_path / 'new'))
 
 
+@pytest.mark.parametrize('name,kind', [('checkpoints', 'file'), ('metrics.jsonl', 'folder'),
+                                       ('trainer.lock', 'folder'), ('config.json', 'folder')])
+def test_run_files_of_the_wrong_kind_are_refused_before_any_work(tmp_path, name, kind):
+  """Issue 37 (3, 5): `checkpoints` a file (the run started over from step 0, then timed out in
+  orbax), metrics.jsonl, trainer.lock or config.json a folder: refused at once, nothing changed."""
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  if kind == 'file':
+    (workdir / name).write_text('not a folder')
+  else:
+    (workdir / name).mkdir()
+  with pytest.raises(ckpt_lib.CheckpointError, match=f'{name} should be a'):
+    runs_lib.check_workdir(str(workdir))
+  assert sorted(os.listdir(workdir)) == [name]
+
+
 def test_changed_data_settings_are_refused_with_the_differences(reference, tmp_path, env):
   workdir = copy_run(reference.workdir, tmp_path)
   before = {p: os.path.getmtime(os.path.join(workdir, p)) for p in ('config.json', 'checkpoints')}

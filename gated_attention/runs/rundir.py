@@ -161,6 +161,17 @@ def check_workdir(workdir: str):
   if not os.access(probe, os.W_OK | os.X_OK):
     raise CheckpointError(f'--workdir={workdir}: {probe} is not writable; pass a directory you '
                           'can write to.')
+  # The run's own names taken by the wrong kind of entry (issue 37: a file `checkpoints` made
+  # the run start over from step 0 and then time out in orbax).
+  for name, want_dir in (('checkpoints', True), (METRICS_FILE, False), (LOCK_FILE, False),
+                         (CONFIG_FILE, False)):
+    path = os.path.join(workdir, name)
+    if os.path.lexists(path) and os.path.isdir(path) != want_dir:
+      what = 'a folder' if want_dir else 'a file'
+      raise CheckpointError(
+          f'{path} should be {what} and is not: this run directory is damaged or holds something '
+          f'else. Move {path} out of the way if it is not the run\'s (nothing of the run was '
+          'changed), or pass another --workdir.')
 
 
 def check_or_write_config(workdir: str, config, *, resuming_data: bool = False):
