@@ -55,13 +55,37 @@ class SafetensorsFile:
         header = json.loads(f.read(n))
       except ValueError as e:
         raise HFFormatError(f'{path}: unreadable safetensors header ({e}).') from e
+      size = os.fstat(f.fileno()).st_size
+    if not isinstance(header, dict):
+      raise HFFormatError(f'{path}: the safetensors header is a JSON {type(header).__name__}, '
+                          'not an object of tensors.')
     self.data_start = 8 + n
-    self.metadata = header.pop('__metadata__', None) or {}
+    metadata = header.pop('__metadata__', None) or {}
+    self.metadata = metadata if isinstance(metadata, dict) else {}
     self.entries = header
+    spans = []
     for name, e in header.items():
+      if not isinstance(e, dict):
+        raise HFFormatError(f'{path}: tensor {name!r} is described by a JSON '
+                            f'{type(e).__name__}, not an object with dtype, shape, data_offsets.')
       if e.get('dtype') not in DTYPES:
         raise HFFormatError(f'{path}: tensor {name!r} has dtype {e.get("dtype")!r}; only '
                             f'{", ".join(DTYPES)} weights can be read.')
+      shape, offsets = e.get('shape'), e.get('data_offsets')
+      if not (isinstance(shape, list) and all(_count(d) for d in shape)):
+        raise HFFormatError(f'{path}: tensor {name!r} has shape {shape!r}; a shape is a list of '
+                            'non-negative integers.')
+      if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_count, offsets))
+              and offsets[0] <= offsets[1] <= size - self.data_start):
+        raise HFFormatError(
+            f'{path}: tensor {name!r} has data_offsets {offsets!r}; they must be two integers '
+            f'0 <= begin <= end <= {size - self.data_start} (the bytes after the header).')
+      spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+      if begin < end:
+        raise HFFormatError(f'{path}: tensors {first!r} and {second!r} overlap (their '
+                            'data_offsets share bytes); the file is damaged or hand-made.')
 
   def shape(self, name: str) -> tuple:
     return tuple(self.entries[name]['shape'])
@@ -87,9 +111,17 @@ def open_checkpoint(model_dir: str) -> dict:
   """{tensor name: SafetensorsFile holding it} for a single or sharded checkpoint."""
   index = os.path.join(model_dir, INDEX_FILE)
   if os.path.isfile(index):
-    with open(index) as f:
-      weight_map = json.load(f).get('weight_map') or {}
-    files = {fn: SafetensorsFile(os.path.join(model_dir, fn))
+    try:
+      with open(index, 'rb') as f:
+        parsed = json.load(f)
+    except ValueError as e:
+      raise HFFormatError(f'{index} is not valid JSON ({e}).') from e
+    weight_map = (parsed.get('weight_map') if isinstance(parsed, dict) else None) or {}
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+      raise HFFormatError(f'{index}: "weight_map" must be a JSON object of tensor name -> file '
+                          'name.')
+    files = {fn: SafetensorsFile(_inside(model_dir, fn, index))
              for fn in sorted(set(weight_map.values()))}
     out = {}
     for name, fn in weight_map.items():
@@ -109,6 +141,22 @@ def open_checkpoint(model_dir: str) -> dict:
         raise HFFormatError(f'tensor {name!r} is in both {out[name].path} and {path}.')
       out[name] = st
   return out
+
+
+def _count(x) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _inside(model_dir: str, name: str, index: str) -> str:
+  """The weights file `name` of the index, refused unless it is a file directly in model_dir
+  (no '..', no other folder, no link leading out): an import reads nothing else."""
+  path = os.path.join(model_dir, name)
+  root = os.path.realpath(model_dir)
+  if (os.path.basename(name) != name or name in ('', '.', '..')
+      or os.path.dirname(os.path.realpath(path)) != root):
+    raise HFFormatError(f'{index} maps tensors to {name!r}, which is not a file in {model_dir}; '
+                        'an import reads only the weights files inside --hf. Fix the index.')
+  return path
 
 
 def plan_shards(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:
