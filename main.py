@@ -14,7 +14,13 @@
 Any config field can be overridden: --config.train.steps=100 --config.model.num_layers=2.
 """
 
-from gated_attention import cli
+import sys
+
+try:
+  from gated_attention import cli
+except KeyboardInterrupt:  # Ctrl-C while the libraries load: nothing was started
+  print('\nInterrupted while starting: nothing was written.', file=sys.stderr)
+  sys.exit(130)
 
 if __name__ == '__main__':
   cli.run()

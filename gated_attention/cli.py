@@ -131,6 +131,17 @@ def main(argv):
     if FLAGS.verbosity >= 1 or os.environ.get('GATED_ATTENTION_TRACEBACK'):
       raise
     _fail(f'Error ({type(e).__name__}): {e}')
+  except KeyboardInterrupt:  # Ctrl-C during start-up, or a second one while the loop saves
+    if FLAGS.verbosity >= 1 or os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    _interrupted()
+
+
+def _interrupted():
+  print('\nInterrupted: stopped at once. Checkpoints already written are intact (a save that '
+        'was under way is not used); run the same command again to resume from the latest.',
+        file=sys.stderr)
+  sys.exit(130)
 
 
 def _libraries_log_to(log_dir: str):
@@ -252,4 +263,9 @@ def _resolved_argv(argv: list[str]) -> list[str]:
 def run():
   """The entry point: `python main.py ...` and the `gated-attention` console command."""
   sys.argv = _resolved_argv(sys.argv)
-  app.run(main, flags_parser=_parse_flags)
+  try:
+    app.run(main, flags_parser=_parse_flags)
+  except KeyboardInterrupt:   # while the flags and the config file are read
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    _interrupted()

@@ -516,6 +516,32 @@ def test_run_files_of_the_wrong_kind_are_refused_before_any_work(tmp_path, name,
   assert sorted(os.listdir(workdir)) == [name]
 
 
+def test_ctrl_c_during_start_up_and_twice_is_one_line(tmp_path, env):
+  """Issue 37 (6): Ctrl-C while the command starts up, and a second Ctrl-C while the first one's
+  save is under way: exit 130 with one line, no KeyboardInterrupt traceback."""
+  for when, twice in ((1.0, False), ('step 2/', True)):
+    workdir = str(tmp_path / f'run{twice}')
+    log = tmp_path / f'log{twice}'
+    with open(log, 'w') as out:
+      proc = subprocess.Popen(main_cmd(workdir), cwd=REPO, env=env, stdout=out,
+                              stderr=subprocess.STDOUT)
+      deadline = time.time() + 240
+      while (time.time() - deadline + 240 < when if isinstance(when, float)
+             else when not in log.read_text()):
+        assert proc.poll() is None and time.time() < deadline, log.read_text()
+        time.sleep(0.01)
+      proc.send_signal(signal.SIGINT)
+      if twice:
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+      proc.wait(timeout=120)
+    text = log.read_text()
+    assert 'Traceback' not in text and 'KeyboardInterrupt' not in text, text
+    assert proc.returncode in (0, 130), (proc.returncode, text)
+    if proc.returncode:
+      assert 'Interrupted' in text, text
+
+
 def test_changed_data_settings_are_refused_with_the_differences(reference, tmp_path, env):
   workdir = copy_run(reference.workdir, tmp_path)
   before = {p: os.path.getmtime(os.path.join(workdir, p)) for p in ('config.json', 'checkpoints')}
