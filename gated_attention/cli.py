@@ -118,6 +118,15 @@ def _parse_flags(argv):
           f'Error in the command line: {e}')
   except (AttributeError, KeyError, TypeError, ValueError) as e:  # --config.<unknown field>
     _bad_override(e)
+  except Exception as e:  # pylint: disable=broad-except  # the config file's get_config raised
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    import traceback  # pylint: disable=g-import-not-at-top
+    frames = traceback.extract_tb(e.__traceback__)
+    last = frames[-1] if frames else None
+    where = f' (at {last.filename}, line {last.lineno}: {last.line})' if last else ''
+    _fail(f'Error in the command line: --config: the config file raised {type(e).__name__}: '
+          f'{e}{where}.')
 
 
 def main(argv):

@@ -542,6 +542,24 @@ def test_ctrl_c_during_start_up_and_twice_is_one_line(tmp_path, env):
       assert 'Interrupted' in text, text
 
 
+def test_a_raising_config_file_and_no_validation_batches_are_one_paragraph(tmp_path, env):
+  """Issue 37 (7): a config file whose get_config raises (it printed 45 lines), and
+  data.val_batches=0 (it trained, then failed at the first evaluation): one paragraph each,
+  before anything is written."""
+  bad = tmp_path / 'bad.py'
+  bad.write_text('def get_config(arg=None):\n  raise RuntimeError("boom in config")\n')
+  done = run_main([sys.executable, 'main.py', f'--config={bad}', '--mode=params'], env)
+  assert done.returncode == 1
+  one_paragraph(done.stderr)
+  assert 'the config file raised RuntimeError: boom in config' in done.stderr
+  workdir = tmp_path / 'run'
+  done = run_main(main_cmd(str(workdir), **{'data.val_batches': 0}), env)
+  assert done.returncode == 1
+  one_paragraph(done.stderr)
+  assert 'config.data.val_batches=0 must be positive' in done.stderr
+  assert not workdir.exists()
+
+
 def test_changed_data_settings_are_refused_with_the_differences(reference, tmp_path, env):
   workdir = copy_run(reference.workdir, tmp_path)
   before = {p: os.path.getmtime(os.path.join(workdir, p)) for p in ('config.json', 'checkpoints')}

@@ -71,6 +71,9 @@ def check_loop_config(config):
   for name in ('steps', 'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints'):
     if tc[name] <= 0:
       raise ConfigError(f'config.train.{name}={tc[name]} must be positive.')
+  if config.data.get('val_batches', 1) <= 0:
+    raise ConfigError(f'config.data.val_batches={config.data.val_batches} must be positive: '
+                      'every evaluation (and the last step) reads that many held-out batches.')
   stability.check_config(tc)
   depth = config.data.get('device_prefetch', 2)
   if depth < 0:
