@@ -182,7 +182,9 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
   checkpointer = ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
                                        keep=tc.keep_checkpoints)
   latest = checkpointer.latest_step()
-  if latest is not None:   # another model shape is refused before config.json is written
+  if latest is not None and workdir_lib.read_saved_config(workdir) is None:
+    # Checkpoints without their config.json: another model shape is refused by its parameters'
+    # shapes before a config.json is written for it (with one, the configs are compared).
     checkpointer.check_shapes(latest, setup.abstract_params)
   workdir_lib.check_or_write_config(
       workdir, config, resuming_data=latest is not None and checkpointer.has_data(latest))
