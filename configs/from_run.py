@@ -20,5 +20,11 @@ def get_config(run: str = ''):
   if not storage.isfile(path):
     raise ValueError(f'configs/from_run.py:{run}: {path} does not exist (pass a run directory '
                      'that holds config.json, or the path of a config.json).')
-  saved = json.loads(storage.read_bytes(path))
+  try:
+    saved = json.loads(storage.read_bytes(path))
+  except ValueError as e:   # (ml_collections cannot re-raise a JSONDecodeError with its message)
+    raise ValueError(f'configs/from_run.py:{run}: {path} is not valid JSON ({e}).') from None
+  if not isinstance(saved, dict):
+    raise ValueError(f'configs/from_run.py:{run}: {path} holds a JSON {type(saved).__name__}, '
+                     'not a run\'s config.')
   return base.from_saved(saved, source=path)

@@ -560,6 +560,44 @@ def test_a_raising_config_file_and_no_validation_batches_are_one_paragraph(tmp_p
   assert not workdir.exists()
 
 
+@pytest.mark.parametrize('text,match', [
+    ('[1, 2]', 'holds a JSON list'), ('"x"', 'holds a JSON str'),
+    ('{"model": null}', 'model is null, not an object'),
+    ('{"train": {"steps": "many"}}', 'train.steps is "many", not a number'),
+    ('{"model": {"hidden_size": "big"}}', 'model.hidden_size is "big", not a number'),
+    ('{"data": {"seq_len": 1.5}}', 'data.seq_len is 1.5, not a number'),
+    ('{bad', 'is unreadable')])
+def test_a_config_json_of_the_wrong_shape_or_types_is_one_error(tmp_path, text, match):
+  """Issue 37 (5): valid JSON of the wrong shape or types in config.json (a list, a string
+  where a number belongs, "model": null) is a RunError / CheckpointError naming the field, for
+  readers and trainers alike (it was an AttributeError or TypeError)."""
+  (tmp_path / 'config.json').write_text(text)
+  with pytest.raises(runs_lib.RunError, match=match):
+    runs_lib.read_config(str(tmp_path))
+  with pytest.raises(ckpt_lib.CheckpointError, match=match):
+    runs_lib.read_saved_config(str(tmp_path))
+
+
+def test_damaged_metrics_rows_and_report_are_skipped_or_named(tmp_path):
+  """Issue 37 (5): non-UTF-8 and mistyped metrics rows are skipped like truncated ones; a
+  truncated analysis/report.json is a RunError naming the command that writes it again; a
+  corrupt config.json behind configs/from_run.py is a ValueError with the JSON error."""
+  (tmp_path / 'metrics.jsonl').write_bytes(
+      b'{"step": 1, "split": "train", "loss": 2.5}\n\xff\xfe not text\n'
+      b'{"step": "x", "split": "train", "loss": 1.0}\n{"step": 2, "split": "train", "loss": "a"}\n'
+      b'{"step": 3, "split": "spike", "event": "spike", "why": "far above", "loss": 9.0}\n{"step": 4')
+  assert [(r['step'], r['split']) for r in runs_lib.read_metrics(str(tmp_path))] == [
+      (1, 'train'), (3, 'spike')]
+  (tmp_path / 'analysis').mkdir()
+  (tmp_path / 'analysis' / 'report.json').write_text('{"variant": "g1", "f_attn')
+  with pytest.raises(runs_lib.RunError, match='--mode=analyze'):
+    runs_lib.read_report(str(tmp_path))
+  (tmp_path / 'config.json').write_text('{bad')
+  from configs import from_run  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match='is not valid JSON'):
+    from_run.get_config(str(tmp_path))
+
+
 def test_changed_data_settings_are_refused_with_the_differences(reference, tmp_path, env):
   workdir = copy_run(reference.workdir, tmp_path)
   before = {p: os.path.getmtime(os.path.join(workdir, p)) for p in ('config.json', 'checkpoints')}

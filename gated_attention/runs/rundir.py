@@ -111,15 +111,63 @@ def iterator_differences(saved: dict, current: dict) -> list[str]:
           for k in ITERATOR_FIELDS if _get(saved, k) != _get(current, k)]
 
 
+def _type_errors(saved, defaults, prefix='') -> list[str]:
+  """Where a saved config's values are not of the kind today's defaults are (a list for the
+  whole config, `"model": null`, a string where a number belongs ...)."""
+  errors = []
+  for key, default in defaults.items():
+    if key not in saved:
+      continue
+    value, where = saved[key], f'{prefix}{key}'
+    if isinstance(default, dict):
+      if not isinstance(value, dict):
+        errors.append(f'{where} is {json.dumps(value)[:40]}, not an object')
+      else:
+        errors += _type_errors(value, default, f'{where}.')
+    elif default is None or value is None and not isinstance(default, (bool, int, float)):
+      continue
+    elif isinstance(default, bool):
+      if not isinstance(value, bool):
+        errors.append(f'{where} is {json.dumps(value)[:40]}, not true / false')
+    elif isinstance(default, (int, float)):
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+          isinstance(default, int) and isinstance(value, float) and not value.is_integer()):
+        errors.append(f'{where} is {json.dumps(value)[:40]}, not a number')
+    elif isinstance(default, str) and not isinstance(value, str):
+      errors.append(f'{where} is {json.dumps(value)[:40]}, not a string')
+    elif isinstance(default, (list, tuple)) and not isinstance(value, list):
+      errors.append(f'{where} is {json.dumps(value)[:40]}, not a list')
+  return errors
+
+
+def _parse_saved(raw: bytes, path: str, error=CheckpointError):
+  """A config.json's bytes as the dict of a run's config, or `error` naming what is wrong."""
+  try:
+    saved = json.loads(raw)
+  except ValueError as e:
+    raise error(f'{path} is unreadable ({e}).') from e
+  if not isinstance(saved, dict):
+    raise error(f'{path} holds a JSON {type(saved).__name__}, not a run\'s config (an object '
+                'with model, data, train ...).')
+  defaults = base_config.get_config('tiny').to_dict()
+  errors = _type_errors(saved, defaults)
+  if errors:
+    raise error(f'{path} is not a config this code can read: {"; ".join(errors[:5])}. It was '
+                'damaged or edited by hand; restore it (from a copy, or write it again from the '
+                'command that trained the run, --config=... with the same overrides).')
+  return saved
+
+
 def read_saved_config(workdir: str) -> dict | None:
   """The run's config.json overlaid on today's defaults (None when there is none)."""
   path = storage.join(workdir, CONFIG_FILE)
   if not storage.exists(path):
     return None
   try:
-    saved = json.loads(storage.read_bytes(path))
-  except (OSError, ValueError) as e:
+    raw = storage.read_bytes(path)
+  except OSError as e:
     raise CheckpointError(f'{path} is unreadable ({e}); use a new --workdir.') from e
+  saved = _parse_saved(raw, path)
   try:
     return base_config.from_saved(saved, source=path).to_dict()
   except ConfigError as e:
@@ -214,10 +262,10 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
                    'run never started). Train first: python main.py --config=configs/<variant>.py '
                    f'--workdir={workdir}')
   try:
-    saved = json.loads(storage.read_bytes(path))
-  except (OSError, ValueError) as e:
+    raw = storage.read_bytes(path)
+  except OSError as e:
     raise RunError(f'{path} is unreadable ({e}).') from e
-  return base_config.from_saved(saved, source=path)
+  return base_config.from_saved(_parse_saved(raw, path, RunError), source=path)
 
 
 def read_metrics(workdir: str, *, every_row: bool = False) -> list[dict]:
@@ -236,12 +284,26 @@ def read_metrics(workdir: str, *, every_row: bool = False) -> list[dict]:
         row = json.loads(line)
       except ValueError:
         continue
-      if isinstance(row, dict) and 'step' in row and 'split' in row:
+      if _well_typed(row):
         rows.append(row)
   if every_row:
     return rows
   latest = {(r['split'], r['step']): r for r in rows}
   return sorted(latest.values(), key=lambda r: (r['step'], r['split']))
+
+
+_TEXT_FIELDS = ('split', 'event', 'why')     # the rows' only fields that hold text
+
+
+def _well_typed(row) -> bool:
+  """A metrics row as the loop writes it: an integer step, a split, numbers (or lists of them,
+  or null) in every other field but the event's text. Rows damaged or edited otherwise are
+  skipped like unparseable lines (a string loss broke analyze and compare)."""
+  if not (isinstance(row, dict) and isinstance(row.get('step'), int)
+          and not isinstance(row['step'], bool) and isinstance(row.get('split'), str)):
+    return False
+  return all(isinstance(v, (int, float, list, type(None))) or k in _TEXT_FIELDS
+             for k, v in row.items())
 
 
 def metrics_chunk_numbers(workdir: str) -> list[int]:
@@ -271,7 +333,15 @@ def read_report(workdir: str) -> dict | None:
   path = storage.join(analysis_dir(workdir), REPORT_FILE)
   if not storage.isfile(path):
     return None
-  return json.loads(storage.read_bytes(path))
+  try:
+    report = json.loads(storage.read_bytes(path))
+  except ValueError as e:
+    raise RunError(f'{path} is unreadable ({e}): an analysis was cut short or the file damaged. '
+                   f'Run the analysis again: python main.py --mode=analyze --workdir={workdir}') from e
+  if not isinstance(report, dict):
+    raise RunError(f'{path} holds a JSON {type(report).__name__}, not an analysis report. Run the '
+                   f'analysis again: python main.py --mode=analyze --workdir={workdir}')
+  return report
 
 
 def checkpoint_steps(workdir: str) -> list[int]:

@@ -15,6 +15,7 @@ import numpy as np
 
 from gated_attention import chips
 from gated_attention import storage
+from gated_attention.errors import CheckpointError
 from gated_attention.model import transformer as model_lib
 from gated_attention.runs import rundir
 
@@ -186,7 +187,13 @@ class MetricsWriter:
       return
     row = {'step': int(step), 'split': split}
     row.update({k: _jsonable(v) for k, v in metrics.items()})
-    self.jsonl.write(json.dumps(row) + '\n')
+    try:
+      self.jsonl.write(json.dumps(row) + '\n')
+    except OSError as e:      # a full disk (or a lost bucket) between two checkpoints
+      raise CheckpointError(
+          f'Writing the metrics of step {step} failed: {type(e).__name__}: {e}. The checkpoints '
+          'already written are intact; free space (or fix the storage), then run the same '
+          'command again to resume from the latest one.') from e
     if self.tb is not None and self.tb_failed.is_set():
       self._tb_off(OSError('its writer thread failed'))
     if self.tb is not None:
