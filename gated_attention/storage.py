@@ -257,8 +257,7 @@ def create(path: str, data: bytes | str) -> bool:
     with os.fdopen(fd, 'wb') as f:
       f.write(data)
     return True
-  obj = Object(path)
-  return obj.write(data, if_generation=0)
+  return bool(Object(path).write(data, if_generation=0))
 
 
 def remove(path: str):
@@ -342,6 +341,7 @@ def _bucket_and_name(path: str) -> tuple[str, str]:
 class Version:
   data: bytes
   generation: int        # changes with every write of the object; 0: it does not exist
+  age_s: float = 0.0     # seconds since it was written (the server's clock against ours)
 
 
 class Object:
@@ -358,6 +358,7 @@ class Object:
 
   def read(self) -> Version | None:
     """The object's bytes and generation; None if it does not exist."""
+    import datetime  # pylint: disable=g-import-not-at-top
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     blob = self._blob()
     with _errors(self.path, 'read'):
@@ -365,7 +366,10 @@ class Object:
         data = blob.download_as_bytes()
       except exceptions.NotFound:
         return None
-    return Version(data, int(blob.generation))
+    age = 0.0
+    if blob.updated is not None:
+      age = (datetime.datetime.now(datetime.timezone.utc) - blob.updated).total_seconds()
+    return Version(data, int(blob.generation), age)
 
   def generation(self) -> int:
     """The current generation (0: the object does not exist)."""
@@ -378,9 +382,9 @@ class Object:
         return 0
     return int(blob.generation)
 
-  def write(self, data: bytes | str, *, if_generation: int) -> bool:
-    """Writes the object if its generation is `if_generation` (0: it must not exist). True if
-    written, False if the precondition failed."""
+  def write(self, data: bytes | str, *, if_generation: int) -> int:
+    """Writes the object if its generation is `if_generation` (0: it must not exist). The new
+    generation if written (true), 0 if the precondition failed."""
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     data = data.encode('utf-8') if isinstance(data, str) else data
     blob = self._blob()
@@ -388,8 +392,8 @@ class Object:
       try:
         blob.upload_from_string(data, if_generation_match=if_generation)
       except exceptions.PreconditionFailed:
-        return False
-    return True
+        return 0
+    return int(blob.generation)
 
   def delete(self, *, if_generation: int) -> bool:
     """Deletes the object if its generation is `if_generation`; False otherwise. (GCS checks

@@ -19,6 +19,17 @@ taken over (it was thought lost: a network partition) stops refreshing it and re
 the loop refuses to save after that. Multi-host runs take the lock on process 0 only. Readers
 (analysis, sampling, export, long-context evaluation) never take it: they open checkpoints
 read-only and write nothing there.
+
+On object storage (a gs:// run directory) there is no O_EXCL, rename, link or /proc, and hosts
+share nothing: the lock is one object read and written with generation preconditions
+(storage.Object). Acquiring creates it only if absent (ifGenerationMatch=0: of two trainers
+exactly one wins); each heartbeat rewrites it only if it still has the generation this trainer
+wrote last (a failed precondition means it was taken over: `lost`); a holder is stale by the age
+of its heartbeat (a host name may be another VM's), or on the very machine that wrote it (the
+same boot id) once its process is gone, and taking it over is a write
+conditional on the stale holder's generation (of two takers one wins; a holder that beat in
+between keeps it). Releasing writes {"released": true} on this trainer's generation (conditional
+deletes are not honoured by every GCS server, so none is relied on); a released lock is free.
 """
 
 import json
@@ -29,6 +40,7 @@ import time
 
 import jax
 
+from gated_attention import storage
 from gated_attention.errors import CheckpointError
 from gated_attention.runs.rundir import LOCK_FILE
 
@@ -64,6 +76,15 @@ def _running(pid: int) -> bool:
   return True
 
 
+def _holder(data: bytes) -> dict:
+  """A lock object's JSON as a dict ({} if unreadable)."""
+  try:
+    holder = json.loads(data)
+  except ValueError:
+    return {}
+  return holder if isinstance(holder, dict) else {}
+
+
 def _when(t) -> str:
   return time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t)) if t else '?'
 
@@ -81,8 +102,11 @@ class RunLock:
 
   def __init__(self, workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
                stale_s: float = STALE_S):
-    self.workdir = os.path.abspath(workdir)
-    self.path = os.path.join(self.workdir, LOCK_FILE)
+    self.workdir = storage.abspath(workdir)
+    self.path = storage.join(self.workdir, LOCK_FILE)
+    self.remote = storage.is_remote(self.path)
+    self._object = storage.Object(self.path) if self.remote else None
+    self._generation = 0        # object storage: the generation this trainer wrote last
     self.heartbeat_s, self.stale_s = heartbeat_s, stale_s
     self.held = False
     self.lost = None            # why the lock is no longer ours (set by the heartbeat thread)
@@ -94,6 +118,9 @@ class RunLock:
 
   def read(self) -> dict | None:
     """The holder recorded in the lock file; None if there is none; {} if unreadable."""
+    if self.remote:
+      version = self._object.read()
+      return None if version is None else _holder(version.data)
     try:
       with open(self.path) as f:
         holder = json.load(f)
@@ -145,32 +172,84 @@ class RunLock:
     """Takes the lock (process 0), or raises a CheckpointError naming the trainer holding it."""
     if jax.process_index() != 0:
       return
-    os.makedirs(self.workdir, exist_ok=True)
+    storage.makedirs(self.workdir)
     now = time.time()
     mine = dict(host=socket.gethostname(), pid=os.getpid(), started=now, heartbeat=now,
                 process_start=_process_start(os.getpid()), boot_id=_boot_id())
+    if self.remote:
+      taken = self._acquire_object(mine, warn)
+    else:
+      taken = self._acquire_file(mine, warn)
+    if not taken:
+      raise CheckpointError(f'Could not take the lock file {self.path}: other trainers keep '
+                            'taking it; make sure only one trainer runs in this directory.')
+    self._mine, self.held = mine, True
+    self._thread = threading.Thread(target=self._beat, name='run-lock-heartbeat', daemon=True)
+    self._thread.start()
+
+  def _in_use(self, holder: dict) -> CheckpointError:
+    return CheckpointError(
+        f'--workdir={self.workdir} is in use by another trainer ({describe(holder)}; lock '
+        f'file {self.path}). A run directory takes one trainer at a time: wait for that one '
+        'to finish, stop it, or pass another --workdir. If it is gone (a lost node), its lock '
+        f'is taken over once its heartbeat is more than {self.stale_s:.0f} s old; deleting '
+        'the lock file does it now. (Evaluation modes read a run without the lock.)')
+
+  def _acquire_file(self, mine: dict, warn) -> bool:
     for _ in range(5):
       if self._write_new(mine):
-        self._mine, self.held = mine, True
-        self._thread = threading.Thread(target=self._beat, name='run-lock-heartbeat', daemon=True)
-        self._thread.start()
-        return
+        return True
       holder = self.read()
       if holder is None:
         continue                # released meanwhile
       why = self.stale(holder)
       if why is None:
-        raise CheckpointError(
-            f'--workdir={self.workdir} is in use by another trainer ({describe(holder)}; lock '
-            f'file {self.path}). A run directory takes one trainer at a time: wait for that one '
-            'to finish, stop it, or pass another --workdir. If it is gone (a lost node), its lock '
-            f'is taken over once its heartbeat is more than {self.stale_s:.0f} s old; deleting '
-            'the lock file does it now. (Evaluation modes read a run without the lock.)')
+        raise self._in_use(holder)
       if self._take_over(holder):
         warn(f'Warning: taking over the lock of {self.workdir} from a trainer that is gone '
              f'({describe(holder)}: {why}).')
-    raise CheckpointError(f'Could not take the lock file {self.path}: other trainers keep '
-                          'taking it; make sure only one trainer runs in this directory.')
+    return False
+
+  def _acquire_object(self, mine: dict, warn) -> bool:
+    """Object storage: create if absent, else take a released or stale holder's generation."""
+    data = json.dumps(mine)
+    for _ in range(5):
+      self._generation = self._object.write(data, if_generation=0)
+      if self._generation:
+        return True
+      version = self._object.read()
+      if version is None:
+        continue                # deleted meanwhile
+      holder = _holder(version.data)
+      why = 'released' if holder.get('released') else self.stale_object(holder, version.age_s)
+      if why is None:
+        raise self._in_use(holder)
+      self._generation = self._object.write(data, if_generation=version.generation)
+      if self._generation:      # of several takers, the one whose precondition held
+        if why != 'released':
+          warn(f'Warning: taking over the lock of {self.workdir} from a trainer that is gone '
+               f'({describe(holder)}: {why}).')
+        return True
+    return False
+
+  def stale_object(self, holder: dict, age_s: float) -> str | None:
+    """On object storage: why `holder` is gone, or None. By its heartbeat's age; or, on the
+    very machine that wrote it (the same boot id: a host name alone may be another VM), when
+    its process is gone (a trainer killed and started again at once)."""
+    if holder.get('boot_id') and holder['boot_id'] == _boot_id():
+      pid = holder.get('pid')
+      if not isinstance(pid, int) or not _running(pid):
+        return f'process {pid} on this machine is not running'
+      start = _process_start(pid)
+      if holder.get('process_start') and start and start != holder['process_start']:
+        return f'pid {pid} on this machine is now another process'
+    beat = holder.get('heartbeat')
+    if not isinstance(beat, (int, float)):   # unreadable or hand-written: by the object's age
+      return (f'an unreadable lock object {age_s:.0f} s old' if age_s > self.stale_s else None)
+    if time.time() - beat > self.stale_s:
+      return (f'its heartbeat is {time.time() - beat:.0f} s old (more than {self.stale_s:.0f} s: '
+              'a lost node)')
+    return None
 
   def _take_over(self, holder: dict) -> bool:
     """Moves a stale lock file out of the way, unless it changed meanwhile (another trainer
@@ -201,6 +280,9 @@ class RunLock:
     """Rewrites the heartbeat (the background thread; never the training step)."""
     if not self.held or self.lost:
       return
+    if self.remote:
+      self._refresh_object()
+      return
     holder = self.read()
     if holder == {}:            # being written this instant (or unreadable): the next beat sees
       return
@@ -218,6 +300,20 @@ class RunLock:
     except OSError:             # a full disk: the next beat tries again
       pass
 
+  def _refresh_object(self):
+    mine = dict(self._mine, heartbeat=time.time())
+    try:
+      generation = self._object.write(json.dumps(mine), if_generation=self._generation)
+      if generation:
+        self._generation, self._mine = generation, mine
+        return
+      holder = self.read()       # the precondition failed: someone else wrote the lock
+    except storage.StorageError:  # the network: the next beat tries again
+      return
+    self.lost = (f'the lock object {self.path} now names {describe(holder)}'
+                 if holder and not holder.get('released') else
+                 f'the lock object {self.path} was removed or released by another process')
+
   def check(self):
     """Raises a CheckpointError if another trainer took the lock over (before a save)."""
     if self.lost:
@@ -231,7 +327,13 @@ class RunLock:
     if self._thread is not None:
       self._thread.join()
       self._thread = None
-    if self.held and not self.lost and self.read() == self._mine:
+    if self.held and not self.lost and self.remote:
+      try:                      # a conditional write: never another trainer's lock
+        self._object.write(json.dumps({'released': True, 'by': self._mine}),
+                           if_generation=self._generation)
+      except storage.StorageError:
+        pass                    # it goes stale by its heartbeat's age
+    elif self.held and not self.lost and self.read() == self._mine:
       try:
         os.remove(self.path)
       except OSError:
