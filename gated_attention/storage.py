@@ -199,6 +199,17 @@ def glob(pattern: str) -> list[str]:
   return sorted(_url(pattern, k) for k, v in found.items() if v.get('type') == 'file')
 
 
+def glob_sizes(pattern: str) -> dict[str, int]:
+  """{file: bytes} of the files matching `pattern`, from one listing where remote."""
+  if not is_remote(pattern):
+    return {p: os.path.getsize(p) for p in glob(pattern)}
+  fs, p = filesystem(pattern)
+  with _errors(pattern, 'list'):
+    found = fs.glob(p, detail=True)
+  return {_url(pattern, k): int(v['size']) for k, v in sorted(found.items())
+          if v.get('type') == 'file'}
+
+
 def makedirs(path: str):
   """Local: os.makedirs; remote: nothing (a prefix exists once an object is under it)."""
   if not is_remote(path):

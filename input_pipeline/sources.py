@@ -6,7 +6,6 @@ Each source is a `Documents`: `len(docs)`, `docs[i] -> str`, `docs.name` (for me
 `synthetic` has no documents to load: pipeline.build_data generates them (synthetic.py).
 """
 
-import glob
 import importlib
 import json
 import os
@@ -14,6 +13,7 @@ import sysconfig
 
 import numpy as np
 
+from gated_attention import storage
 from input_pipeline.errors import DataError
 
 SOURCES = ('builtin', 'builtin_large', 'text', 'jsonl', 'parquet', 'arrayrecord', 'hf', 'synthetic')
@@ -37,9 +37,12 @@ class Documents:
 class FileDocs(Documents):
   """One document per file."""
 
-  def __init__(self, paths: list[str], name: str, errors: str = 'strict'):
+  def __init__(self, paths: list[str], name: str, errors: str = 'strict',
+               sizes: dict[str, int] | None = None):
     self.paths, self.name, self._errors = paths, name, errors
-    self.sizes = np.array([os.path.getsize(p) for p in paths], np.int64)
+    sizes = sizes or {}
+    self.sizes = np.array([sizes[p] if p in sizes else storage.getsize(p) for p in paths],
+                          np.int64)
     self.info = {'files': len(paths), 'megabytes': round(float(self.sizes.sum()) / 1e6, 2)}
 
   def __len__(self):
@@ -48,8 +51,7 @@ class FileDocs(Documents):
   def __getitem__(self, i):
     path = self.paths[i]
     try:
-      with open(path, 'rb') as f:
-        return f.read().decode('utf-8', self._errors)
+      return storage.read_bytes(path).decode('utf-8', self._errors)
     except (OSError, UnicodeError) as e:
       raise DataError(f'{self.name}: cannot read {path!r} as UTF-8 text ({e}); fix or remove the '
                       'file, or narrow --config.data.path.') from e
@@ -58,38 +60,67 @@ class FileDocs(Documents):
 class JsonlDocs(Documents):
   """One document per non-blank line of JSON-lines files: the line's `field`."""
 
-  def __init__(self, paths: list[str], field: str, name: str):
+  def __init__(self, paths: list[str], field: str, name: str, sizes: dict[str, int] | None = None):
     self.paths, self.field, self.name = paths, field, name
     spans = [_line_spans(p) for p in paths]
+    sizes = sizes or {}
     self._file = np.concatenate([np.full(len(s[0]), k, np.int32) for k, s in enumerate(spans)])
     self._start, self._end, self._line = (np.concatenate([s[j] for s in spans]) for j in range(3))
     self.sizes = self._end - self._start
-    self.info = {'files': len(paths),
-                 'megabytes': round(sum(os.path.getsize(p) for p in paths) / 1e6, 2)}
+    self.info = {'files': len(paths), 'megabytes': round(
+        sum(sizes[p] if p in sizes else storage.getsize(p) for p in paths) / 1e6, 2)}
 
   def __len__(self):
     return len(self._start)
 
   def __getitem__(self, i):
     path = self.paths[self._file[i]]
-    with open(path, 'rb') as f:
+    with storage.open_file(path, 'rb') as f:
       f.seek(self._start[i])
       raw = f.read(self._end[i] - self._start[i])
     return _json_text(raw, self.field, f'{path}, line {self._line[i]}')
 
 
+_BLOCK = 64 << 20    # bytes of a remote JSON-lines file read at a time to index its lines
+
+
 def _line_spans(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Byte [start, end) and 1-based line number of each non-blank line of a file."""
-  if os.path.getsize(path) == 0:
+  size = storage.getsize(path)
+  if size == 0:
     return (np.zeros(0, np.int64),) * 3
-  buf_n = np.memmap(path, np.uint8, mode='r')
-  newlines = np.flatnonzero(buf_n == ord('\n'))
+  if storage.is_remote(path):       # no memmap on object storage: one pass in blocks
+    newlines, before = _remote_newlines(path)
+  else:
+    buf_n = np.memmap(path, np.uint8, mode='r')
+    newlines = np.flatnonzero(buf_n == ord('\n'))
+    before = buf_n[np.maximum(np.concatenate([newlines, [size]]) - 1, 0)]
   start = np.concatenate([[0], newlines + 1])
-  end = np.concatenate([newlines, [len(buf_n)]])
+  end = np.concatenate([newlines, [size]])
   line = np.arange(1, len(start) + 1)
-  crlf = (end > start) & (buf_n[np.maximum(end - 1, 0)] == ord('\r'))
+  crlf = (end > start) & (before == ord('\r'))     # `before`: the byte before each end
   keep = (end - crlf) > start
   return start[keep].astype(np.int64), end[keep].astype(np.int64), line[keep]
+
+
+def _remote_newlines(path: str) -> tuple[np.ndarray, np.ndarray]:
+  """(offsets of the newlines, the byte before each line's end) of a remote file, read once in
+  blocks of _BLOCK bytes."""
+  newlines, before, offset, last = [], [], 0, 0
+  with storage.open_file(path, 'rb') as f:
+    while True:
+      block = f.read(_BLOCK)
+      if not block:
+        break
+      buf = np.frombuffer(block, np.uint8)
+      found = np.flatnonzero(buf == ord('\n'))
+      prev = np.concatenate([[last], buf[:-1]])      # the byte before each byte of the block
+      newlines.append(found + offset)
+      before.append(prev[found])
+      offset, last = offset + len(buf), int(buf[-1])
+  newlines = np.concatenate(newlines) if newlines else np.zeros(0, np.int64)
+  before = np.concatenate(before + [[last]]).astype(np.uint8)
+  return newlines.astype(np.int64), before
 
 
 def _json_type(v) -> str:
@@ -122,16 +153,24 @@ class ParquetDocs(Documents):
     self.paths, self.field, self.name = paths, field, name
     self._load()
     self.info = {'files': len(paths),
-                 'megabytes': round(sum(os.path.getsize(p) for p in paths) / 1e6, 2)}
+                 'megabytes': round(sum(map(storage.getsize, paths)) / 1e6, 2)}
 
   def _load(self):
     pq = _need('pyarrow.parquet', 'pyarrow', 'parquet')
     self._chunks = []
     for path in self.paths:
       try:
-        names = pq.read_schema(path).names
-        if self.field in names:
-          self._chunks += pq.read_table(path, columns=[self.field], memory_map=True)[self.field].chunks
+        if storage.is_remote(path):   # ranged reads through the bucket's file system
+          fs, p = storage.filesystem(path)
+          names = pq.read_schema(p, filesystem=fs).names
+          if self.field in names:
+            self._chunks += pq.read_table(p, columns=[self.field],
+                                          filesystem=fs)[self.field].chunks
+        else:
+          names = pq.read_schema(path).names
+          if self.field in names:
+            self._chunks += pq.read_table(path, columns=[self.field],
+                                          memory_map=True)[self.field].chunks
       except Exception as e:  # pylint: disable=broad-except
         raise DataError(f'{self.name}: cannot read {path!r} as parquet ({e}).') from e
       if self.field not in names:
@@ -176,7 +215,8 @@ class ArrayRecordDocs(Documents):
       self._json = isinstance(json.loads(first).get(field), str)
     except (ValueError, AttributeError):
       self._json = False
-    self.info = {'files': len(paths), 'megabytes': round(sum(map(os.path.getsize, paths)) / 1e6, 2)}
+    self.info = {'files': len(paths),
+                 'megabytes': round(sum(map(storage.getsize, paths)) / 1e6, 2)}
 
   def __len__(self):
     return len(self._src)
@@ -250,16 +290,20 @@ def _builtin(cfg) -> Documents:
   return docs
 
 
-def _glob(cfg, what: str) -> list[str]:
-  """Sorted files matched by the comma-separated globs in data.path."""
+def _glob(cfg, what: str) -> dict[str, int]:
+  """{file: bytes} of the files matched by the comma-separated globs in data.path (local or
+  gs://; `**` matches folders recursively), sorted."""
   fix = f'set --config.data.path to a glob of {what}'
   if not cfg.path:
     raise DataError(f'data.source={cfg.source!r} needs data.path; {fix}.')
-  patterns = [os.path.expanduser(p.strip()) for p in cfg.path.split(',') if p.strip()]
-  paths = sorted({p for pat in patterns for p in glob.glob(pat, recursive=True) if os.path.isfile(p)})
-  if not paths:
+  patterns = [p.strip() for p in cfg.path.split(',') if p.strip()]
+  found = {}
+  for pattern in patterns:
+    storage.check_reachable(pattern, write=False)   # a missing bucket, credentials: one paragraph
+    found.update(storage.glob_sizes(pattern))
+  if not found:
     raise DataError(f'data.path={cfg.path!r} matched no files; {fix}.')
-  return paths
+  return dict(sorted(found.items()))
 
 
 def _need(module: str, package: str, source: str):
@@ -276,13 +320,15 @@ def load_documents(cfg) -> Documents:
   if cfg.source in ('builtin', 'builtin_large'):
     docs = _builtin(cfg)
   elif cfg.source == 'text':
-    docs = FileDocs(_glob(cfg, 'UTF-8 text files'), name)
+    files = _glob(cfg, 'UTF-8 text files')
+    docs = FileDocs(list(files), name, sizes=files)
   elif cfg.source == 'jsonl':
-    docs = JsonlDocs(_glob(cfg, 'JSON-lines files'), cfg.text_field, name)
+    files = _glob(cfg, 'JSON-lines files')
+    docs = JsonlDocs(list(files), cfg.text_field, name, sizes=files)
   elif cfg.source == 'parquet':
-    docs = ParquetDocs(_glob(cfg, 'parquet files'), cfg.text_field, name)
+    docs = ParquetDocs(list(_glob(cfg, 'parquet files')), cfg.text_field, name)
   elif cfg.source == 'arrayrecord':
-    docs = ArrayRecordDocs(_glob(cfg, 'ArrayRecord files'), cfg.text_field, name)
+    docs = ArrayRecordDocs(list(_glob(cfg, 'ArrayRecord files')), cfg.text_field, name)
   elif cfg.source == 'hf':
     if not cfg.path:
       raise DataError("data.source='hf' needs data.path; set --config.data.path to a Hugging Face "
