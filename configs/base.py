@@ -125,9 +125,11 @@ def model_config(scale: str) -> ml_collections.ConfigDict:
 
 def _data_fields() -> dict:
   return dict(
-      # builtin | text | jsonl | arrayrecord | parquet | hf | synthetic
+      # builtin | text | jsonl | arrayrecord | parquet | hf | synthetic | tokenized
       source=_iterator('builtin'),
-      path=_iterator(''),       # glob for text/jsonl/arrayrecord/parquet; dataset name for hf
+      # glob for text/jsonl/arrayrecord/parquet (local or gs://); dataset name for hf; the folder
+      # of --mode=tokenize's shards for tokenized
+      path=_iterator(''),
       hf_config=_iterator(''),  # hf: dataset config name
       hf_split=_iterator('train'),
       # jsonl/parquet/hf/arrayrecord(JSON records) field with the text
@@ -139,6 +141,7 @@ def _data_fields() -> dict:
       val_batches=4,            # batches in one validation pass
       shuffle_buffer=_iterator(1024),
       worker_count=0,
+      shard_documents=65536,    # --mode=tokenize: documents per shard (input_pipeline/tokenized.py)
       document_mask=False,      # attend only within each document of a packed window (from BOS)
       device_prefetch=2,        # batches read and put on the devices ahead of the step (0: none)
       # RULER-style task documents mixed into the training documents (input_pipeline/ruler.py):

@@ -34,6 +34,7 @@ from input_pipeline.errors import DataError
 from input_pipeline.packing import PackIterDataset
 from input_pipeline import ruler
 from input_pipeline import synthetic
+from input_pipeline import tokenized
 from input_pipeline.shuffle import WindowShuffleIterDataset
 from input_pipeline.sources import Documents, load_documents, split_documents
 from input_pipeline.tokenizer import Tokenizer, make_tokenizer
@@ -52,7 +53,14 @@ class _Encode:
     self.docs, self.tokenizer = docs, tokenizer
 
   def __call__(self, doc_id) -> np.ndarray:
-    return self.tokenizer.encode_doc(self.docs[int(doc_id)])
+    return _encode_doc(self.docs, self.tokenizer, doc_id)
+
+
+def _encode_doc(docs, tokenizer: Tokenizer, doc_id) -> np.ndarray:
+  """Document `doc_id` as token ids (BOS first); a pre-tokenized source's as they are."""
+  if getattr(docs, 'tokens', False):
+    return docs[int(doc_id)]
+  return tokenizer.encode_doc(docs[int(doc_id)])
 
 
 def _to_batch(windows: list[np.ndarray]) -> dict[str, np.ndarray]:
@@ -125,7 +133,7 @@ class Data:
     order = np.random.default_rng(0).permutation(self._train_ids)
     tokens, n_tokens = [], 0
     for doc_id in order:
-      tokens.append(tokenizer.encode_doc(docs[int(doc_id)]))
+      tokens.append(_encode_doc(docs, tokenizer, doc_id))
       n_tokens += len(tokens[-1])
       if n_tokens >= _SAMPLE_TOKENS:
         break
@@ -309,7 +317,13 @@ def build_data(data_cfg, *, global_batch_size: int, seed: int, process_index: in
     return _build_synthetic(data_cfg, global_batch_size, seed, process_index, process_count)
   tokenizer = make_tokenizer(data_cfg.tokenizer)
   mixture = _mixture(data_cfg, tokenizer)
-  docs = load_documents(data_cfg)
+  if data_cfg.source == 'tokenized':    # shards of token ids (--mode=tokenize): tokenized.py
+    if mixture is not None:
+      raise DataError("data.mix_ratio > 0 mixes RULER task documents built from text; "
+                      "data.source='tokenized' holds token ids: set --config.data.mix_ratio=0.")
+    docs = tokenized.TokenDocuments(data_cfg, tokenizer)
+  else:
+    docs = load_documents(data_cfg)
   train_ids, val_ids = split_documents(len(docs), data_cfg.val_fraction)
   if len(train_ids) < process_count:
     raise DataError(f'{docs.name} has {len(train_ids)} training documents, fewer than the '

@@ -16,7 +16,8 @@ import numpy as np
 from gated_attention import storage
 from input_pipeline.errors import DataError
 
-SOURCES = ('builtin', 'builtin_large', 'text', 'jsonl', 'parquet', 'arrayrecord', 'hf', 'synthetic')
+SOURCES = ('builtin', 'builtin_large', 'text', 'jsonl', 'parquet', 'arrayrecord', 'hf', 'synthetic',
+           'tokenized')
 _NUM_CHECKED = 32  # documents read at build time so that bad data fails before training
 
 
@@ -334,8 +335,8 @@ def load_documents(cfg) -> Documents:
       raise DataError("data.source='hf' needs data.path; set --config.data.path to a Hugging Face "
                       'dataset name (and data.hf_config / data.hf_split).')
     docs = HFDocs(cfg)
-  elif cfg.source == 'synthetic':
-    raise DataError("data.source='synthetic' generates its documents: use "
+  elif cfg.source in ('synthetic', 'tokenized'):
+    raise DataError(f'data.source={cfg.source!r} holds token documents, not text: use '
                     'input_pipeline.build_data, not load_documents.')
   else:
     raise DataError(f'Unknown data.source={cfg.source!r}; set --config.data.source to one of '

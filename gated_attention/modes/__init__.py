@@ -73,4 +73,6 @@ MODES = {m.name: m for m in (
          'nucleus sampling)', needs_workdir=True, distributed=True),
     Mode('long_context', 'loss by position and RULER-style retrieval beyond the training length',
          needs_workdir=True, distributed=True),
+    Mode('tokenize', 'tokenizes data.source once into sharded ArrayRecord files of token ids '
+         'in --out (local or gs://), for data.source=tokenized; resumable'),
 )}
