@@ -1,0 +1,129 @@
+"""The input pipeline's tokens per CPU core-second: tokenizing on the fly with a 16k byte-level
+BPE against reading pre-tokenized shards (issue 36 item 4), and what one v5p host must feed.
+
+Three measurements on the built-in corpus (Python source), in one process:
+
+  1. tokenize: `--mode=tokenize`'s work (input_pipeline/tokenized.py, one worker process) over
+     `--docs` training documents: tokens per CPU-second of that process.
+  2. on the fly: input_pipeline.build_data with the BPE, `--batches` batches of B x T tokens:
+     tokens per CPU-second of this process (grain's reader threads included).
+  3. pre-tokenized: the same batches from the shards of (1) (data.source=tokenized).
+
+CPU time (time.process_time) rather than wall time: tokens per core-second does not depend on
+how many cores the machine lends the run, and this shared 2-core machine's wall time drifts.
+Then the arithmetic for dense_1p7b_28l on a v5p host (docs/tpu_aot.md: a v5p:2x2x1 slice, 4
+chips = one host, global batch 1024 x 4096 tokens, roofline step 34.12 s baseline / 36.27 s
+G1 elementwise): tokens per second the host must feed and the cores each pipeline needs.
+
+  python -m benchmarks.input_pipeline [--tokenizer=PATH | --vocab_size=16384] [--docs=2000]
+                                      [--batches=200] [--batch_size=16] [--seq_len=2048]
+"""
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+from configs import base
+import input_pipeline
+from input_pipeline import bpe, tokenized
+
+# docs/tpu_aot.md, "Smallest v5p slice per model": dense_1p7b_28l on v5p:2x2x1 (4 chips, one host)
+AOT = {'global_batch': 1024, 'seq_len': 4096, 'hosts': 1,
+       'step_s': {'baseline': 34.12, 'g1_elementwise': 36.27}}
+
+
+def _data_cfg(tokenizer: str, seq_len: int, **kw):
+  cfg = base.get_config().data
+  cfg.update(tokenizer=tokenizer, seq_len=seq_len, **kw)
+  return cfg
+
+
+def _utf8(path: str) -> bool:
+  """A few of the stdlib's test files are deliberately not UTF-8 (a text source refuses them)."""
+  try:
+    with open(path, 'rb') as f:
+      f.read().decode('utf-8')
+    return True
+  except UnicodeDecodeError:
+    return False
+
+
+def _pipeline_rate(cfg, batch_size: int, batches: int) -> tuple[float, float]:
+  """(tokens per CPU-second, tokens per wall-second) of `batches` training batches."""
+  data = input_pipeline.build_data(cfg, global_batch_size=batch_size, seed=0)
+  next(data.train_iter)                      # start-up (reader threads, first documents)
+  cpu, wall = time.process_time(), time.perf_counter()
+  for _ in range(batches):
+    next(data.train_iter)
+  tokens = batches * batch_size * cfg.seq_len
+  return tokens / (time.process_time() - cpu), tokens / (time.perf_counter() - wall)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--tokenizer', default='', help='a tokenizer.json (default: train a BPE)')
+  ap.add_argument('--vocab_size', type=int, default=16384)
+  ap.add_argument('--bpe_bytes', type=int, default=20_000_000, help='BPE training text')
+  ap.add_argument('--docs', type=int, default=2000, help='documents tokenized in (1)')
+  ap.add_argument('--batches', type=int, default=200)
+  ap.add_argument('--batch_size', type=int, default=16)
+  ap.add_argument('--seq_len', type=int, default=2048)
+  args = ap.parse_args()
+  work = tempfile.mkdtemp(prefix='bench_input_pipeline_')
+  try:
+    tokenizer = args.tokenizer
+    if not tokenizer:
+      tokenizer = os.path.join(work, 'bpe', 'tokenizer.json')
+      t0 = time.time()
+      bpe.train_bpe(base.get_config().data, args.vocab_size, tokenizer, max_bytes=args.bpe_bytes)
+      print(f'trained a {args.vocab_size} BPE on {args.bpe_bytes / 1e6:.0f} MB in '
+            f'{time.time() - t0:.0f} s')
+    # (1) --mode=tokenize's work on a subset: the first --docs documents of the corpus (a text
+    # source over those files), one worker process; its CPU time from the child's rusage.
+    from input_pipeline import sources  # pylint: disable=g-import-not-at-top
+    root, files = sources.stdlib_files()
+    subset = [p for p in (os.path.join(root, f) for f in files) if _utf8(p)][:args.docs]
+    listing = os.path.join(work, 'files')
+    os.makedirs(listing)
+    for i, path in enumerate(subset):      # a text source over exactly these files
+      os.symlink(path, os.path.join(listing, f'{i:06d}.py'))
+    cfg = _data_cfg(tokenizer, args.seq_len, source='text', path=os.path.join(listing, '*.py'),
+                    shard_documents=max(1, args.docs // 4))
+    out = os.path.join(work, 'shards')
+    before = os.times()
+    wall = time.perf_counter()
+    manifest = tokenized.tokenize(cfg, out, workers=1, progress=False)
+    after = os.times()
+    wall = time.perf_counter() - wall
+    child_cpu = (after.children_user + after.children_system
+                 - before.children_user - before.children_system)
+    tokens = sum(manifest['num_tokens'].values())
+    rows = [('tokenize (--mode=tokenize, 1 worker)', tokens / max(child_cpu, 1e-9),
+             tokens / wall)]
+    # (2) and (3): the same training batches, on the fly and from the shards.
+    rows.append(('on the fly (BPE in the pipeline)',
+                 *_pipeline_rate(cfg, args.batch_size, args.batches)))
+    rows.append(('pre-tokenized shards',
+                 *_pipeline_rate(_data_cfg(tokenizer, args.seq_len, source='tokenized', path=out),
+                                 args.batch_size, args.batches)))
+    print(f'\n{tokens:,} tokens in {manifest["num_documents"]} documents; batches of '
+          f'{args.batch_size} x {args.seq_len}; this machine has {os.cpu_count()} cores\n')
+    print('| pipeline | tokens / CPU-second | tokens / wall-second |')
+    print('|---|---|---|')
+    for name, per_cpu, per_wall in rows:
+      print(f'| {name} | {per_cpu:,.0f} | {per_wall:,.0f} |')
+    step_tokens = AOT['global_batch'] * AOT['seq_len']
+    print(f'\ndense_1p7b_28l on v5p:2x2x1 (4 chips = {AOT["hosts"]} host): '
+          f'{AOT["global_batch"]} x {AOT["seq_len"]} = {step_tokens:,} tokens a step')
+    for variant, step_s in AOT['step_s'].items():
+      need = step_tokens / step_s / AOT['hosts']
+      print(f'  {variant}: {step_tokens:,} / {step_s} s = {need:,.0f} tokens/s per host; cores '
+            f'needed: on the fly {need / rows[1][1]:.2f}, pre-tokenized {need / rows[2][1]:.3f}')
+  finally:
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == '__main__':
+  main()
