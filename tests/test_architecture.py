@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ('model', 'analysis', 'inference', 'runs', 'training', 'compile', 'modes')
 # What each layer may import besides itself (core: the root modules errors, console, sharding,
-# distributed, chips; main: main.py and gated_attention/cli.py; configs/ and input_pipeline/ are
+# distributed, chips, storage; main: main.py and gated_attention/cli.py; configs/ and input_pipeline/ are
 # the top-level packages of those names).
 ALLOWED = {
     'core': set(),
