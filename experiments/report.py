@@ -12,6 +12,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from gated_attention import storage
 from gated_attention.analysis import metrics as metrics_lib
 from gated_attention.analysis import plots
 from gated_attention.runs import rundir as runs_lib
@@ -162,33 +163,30 @@ METRICS = {
 
 def read_runner(workdir: str) -> dict:
   """The run's runner.json ({} when there is none)."""
-  path = os.path.join(workdir, RUNNER_FILE)
-  if not os.path.isfile(path):
+  path = storage.join(workdir, RUNNER_FILE)
+  if not storage.isfile(path):
     return {}
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(storage.read_bytes(path))
 
 
 def extended_dir(workdir: str) -> str:
-  return os.path.join(workdir, EXTENDED_DIR)
+  return storage.join(workdir, EXTENDED_DIR)
 
 
 def read_long_context(workdir: str, label: str) -> dict | None:
   """The --mode=long_context report of `workdir` for the evaluation `label`, if written."""
-  path = os.path.join(workdir, 'long_context', label, 'report.json')
-  if not os.path.isfile(path):
+  path = storage.join(workdir, runs_lib.LONG_CONTEXT_DIR, label, runs_lib.REPORT_FILE)
+  if not storage.isfile(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(storage.read_bytes(path))
 
 
 def read(run, workdir: str, experiment=None) -> Result:
   runner = read_runner(workdir)
-  report_path = os.path.join(workdir, runs_lib.ANALYSIS_DIR, 'report.json')
+  report_path = storage.join(workdir, runs_lib.ANALYSIS_DIR, runs_lib.REPORT_FILE)
   report, long_context = None, {}
-  if runner.get('status') == 'done' and os.path.isfile(report_path):
-    with open(report_path) as f:
-      report = json.load(f)
+  if runner.get('status') == 'done' and storage.isfile(report_path):
+    report = json.loads(storage.read_bytes(report_path))
     if experiment is not None and experiment.long_context:
       evaluated = extended_dir(workdir) if experiment.extend else workdir
       long_context = {label: read_long_context(evaluated, label)
@@ -474,7 +472,7 @@ def figure_names(experiment) -> tuple[str, ...]:
 
 def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
   """Writes results.md, summary.json and the figures into out_dir; returns the markdown."""
-  os.makedirs(out_dir, exist_ok=True)
+  storage.makedirs(out_dir)
   figures = {'f_attn_layers.png': per_layer_figure(experiment, results, 'f_attn_layers',
                                                    'F-Attn (attention to token 0)'),
              'm_act_layers.png': per_layer_figure(experiment, results, 'm_act_layers',
@@ -485,15 +483,15 @@ def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
   if experiment.long_context:
     figures[LONG_CONTEXT_FIGURE] = long_context_figure(experiment, results)
   for name, fig in figures.items():
-    plots.save(fig, os.path.join(out_dir, name))
-  with open(os.path.join(out_dir, 'summary.json'), 'w') as f:
-    json.dump(summary(experiment, results), f, indent=1)
+    plots.save(fig, storage.join(out_dir, name))
+  storage.write(storage.join(out_dir, 'summary.json'),
+                json.dumps(summary(experiment, results), indent=1))
   text = f'{header}\n\n{table(experiment, results)}\n'
   if experiment.long_context:
     text += f'\n{long_context_tables(experiment, results)}\n'
-  with open(os.path.join(out_dir, 'results.md'), 'w') as f:
-    f.write(f'# {experiment.title}\n\n{text}\n' +
-            ''.join(f'![{n}]({n})\n' for n in figure_names(experiment)))
+  storage.write(storage.join(out_dir, 'results.md'),
+                f'# {experiment.title}\n\n{text}\n' +
+                ''.join(f'![{n}]({n})\n' for n in figure_names(experiment)))
   return text
 
 

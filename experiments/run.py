@@ -61,19 +61,21 @@ prints the bare `main.py` train && analyze commands instead.
 
 import argparse
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from experiments import report, spec
+from gated_attention import storage
 
 _PRINT_LOCK = threading.Lock()
 
@@ -105,7 +107,7 @@ def parse_args(argv):
 
 
 def _workdir(out: str, run) -> str:
-  return os.path.join(out, 'runs', run.name)
+  return storage.join(out, 'runs', run.name)
 
 
 _CACHE_FLAG = '--config.compilation_cache='
@@ -113,10 +115,16 @@ _ANALYZE_FLAG = '--analyze'
 
 
 def cache_dir(out: str, option: str) -> str:
-  """The runs' compilation cache: --compilation-cache, default OUT/xla_cache ('' when 'off')."""
+  """The runs' compilation cache: --compilation-cache, default OUT/xla_cache ('' when 'off');
+  with OUT on object storage, a local default (~/.cache/gated_attention/xla_cache): the cache
+  is read on every compile."""
   if option == 'off':
     return ''
-  return os.path.abspath(option) if option else os.path.join(out, 'xla_cache')
+  if option:
+    return storage.abspath(option)
+  if storage.is_remote(out):
+    return os.path.join(os.path.expanduser('~'), '.cache', 'gated_attention', 'xla_cache')
+  return os.path.join(out, 'xla_cache')
 
 
 def _cached(args: list[str], cache: str) -> list[str]:
@@ -144,21 +152,17 @@ def _analysed_since(workdir: str, since: float) -> bool:
   """Whether the training command that started at `since` analysed the run's final checkpoint
   (main.py --analyze): RUN/analysis/report.json written since then, of the latest step."""
   from gated_attention.runs import rundir as runs_lib  # pylint: disable=g-import-not-at-top
-  path = os.path.join(runs_lib.analysis_dir(workdir), 'report.json')
+  path = storage.join(runs_lib.analysis_dir(workdir), runs_lib.REPORT_FILE)
   try:
-    if os.path.getmtime(path) < since:
+    if storage.mtime(path) < since:
       return False
-    with open(path) as f:
-      return json.load(f).get('step') == runs_lib.latest_step(workdir)
+    return json.loads(storage.read_bytes(path)).get('step') == runs_lib.latest_step(workdir)
   except (OSError, ValueError):
     return False
 
 
 def _write_runner(workdir: str, state: dict):
-  path = os.path.join(workdir, report.RUNNER_FILE)
-  with open(path + '.tmp', 'w') as f:
-    json.dump(state, f, indent=1)
-  os.replace(path + '.tmp', path)
+  storage.write(storage.join(workdir, report.RUNNER_FILE), json.dumps(state, indent=1))
 
 
 def _log(message: str):
@@ -236,6 +240,32 @@ def _call(args: list[str], log_path: str) -> tuple[int, float]:
   (exit code, seconds). The process forks from the preloaded server (as if started afresh,
   without the imports), or is a new interpreter where there is none. Raises _Stopped once the
   runner got SIGTERM."""
+  with _local_log(log_path) as local:
+    return _call_logged(args, local)
+
+
+@contextlib.contextmanager
+def _local_log(log_path: str):
+  """A local file to append a command's output to: `log_path` itself, or for a log on object
+  storage (no append there) a local copy of it, uploaded whole when the command ends."""
+  if not storage.is_remote(log_path):
+    yield log_path
+    return
+  fd, local = tempfile.mkstemp(prefix='gated_attention_runner_', suffix='.log')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      if storage.isfile(log_path):
+        f.write(storage.read_bytes(log_path))
+    yield local
+  finally:
+    try:
+      with open(local, 'rb') as f:
+        storage.write(log_path, f.read())
+    finally:
+      os.remove(local)
+
+
+def _call_logged(args: list[str], log_path: str) -> tuple[int, float]:
   t0 = time.time()
   with open(log_path, 'a') as log:
     log.write(f'\n$ {spec.shell(args)}\n')
@@ -264,8 +294,7 @@ def _call(args: list[str], log_path: str) -> tuple[int, float]:
 
 
 def _failure(log_path: str, rc: int) -> str:
-  with open(log_path) as f:
-    text = f.read()
+  text = storage.read_text(log_path)
   stopped = 'Training stopped at step' in text or 'training diverged' in text
   return 'diverged' if stopped else f'failed (exit {rc})'
 
@@ -339,7 +368,7 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
     return state  # finished (a diverged run diverges again: rerun it by deleting runner.json)
   if _STOPPING.is_set():
     raise _Stopped()
-  os.makedirs(workdir, exist_ok=True)
+  storage.makedirs(workdir)
   state = {'run': run.name, 'group': run.group, 'variant': run.variant, 'seed': run.seed,
            'command': spec.shell(train_args, 'python'),
            'analyze_command': spec.shell(analyze_args, 'python'),
@@ -349,21 +378,21 @@ def execute(experiment, run, out: str, cache: str = '') -> dict:
   _write_runner(workdir, state)
   started = time.time()
   if not _trained(workdir, _steps(run)):
-    rc, seconds = _call(train_args, os.path.join(workdir, 'train.log'))
+    rc, seconds = _call(train_args, storage.join(workdir, 'train.log'))
     state.update(train_seconds=state['train_seconds'] + seconds, attempts=state['attempts'] + 1)
     calm_step = None if rc else _ended_spiking(workdir)
     if calm_step is not None:
       state['ended_spiking'] = calm_step
       _log(f'{run.name}: ended spiking; analysing its last calm checkpoint, step {calm_step}')
     elif rc or not _trained(workdir, _steps(run)):
-      state['status'] = _failure(os.path.join(workdir, 'train.log'), rc) if rc else 'interrupted'
+      state['status'] = _failure(storage.join(workdir, 'train.log'), rc) if rc else 'interrupted'
       _write_runner(workdir, state)
       return state
   if state.get('ended_spiking') is None and _analysed_since(workdir, started):
     rc = 0   # analysed by the training command (--analyze): its seconds are in train_seconds
     state.update(analyze_seconds=0.0, analyzed_in_training=True, status='done')
   else:
-    rc, seconds = _call(analyze_args, os.path.join(workdir, 'analyze.log'))
+    rc, seconds = _call(analyze_args, storage.join(workdir, 'analyze.log'))
     state.update(analyze_seconds=seconds, analyzed_in_training=False,
                  status='done' if rc == 0 else f'analysis failed (exit {rc})')
   if rc == 0 and experiment.long_context:
@@ -387,7 +416,7 @@ def reanalyze(experiment, runs, out: str, cache: str = '') -> list[dict]:
       states.append(state or {'run': run.name, 'status': 'missing'})
       continue
     rc, seconds = _call(_cached(experiment.analyze_args(workdir), cache),
-                        os.path.join(workdir, 'analyze.log'))
+                        storage.join(workdir, 'analyze.log'))
     if rc:
       state['status'] = f'analysis failed (exit {rc})'
     state.update(analyze_seconds=seconds, reanalyzed=f'{_now()} at {git_commit()}')
@@ -412,18 +441,18 @@ def train_seeds(experiment, runs, out: str, cache: str = '') -> int:
   """Trains the seeds of one group as one program (main.py --seeds); records the command, its
   wall time and each seed's share of it (train_seconds) in each runner.json; the exit code."""
   group = runs[0].group
-  template = os.path.join(out, 'runs', f'{group}_s{{seed}}')
+  template = storage.join(out, 'runs', f'{group}_s{{seed}}')
   assert all(template.replace('{seed}', str(r.seed)) == _workdir(out, r) for r in runs)
   args = _cached(spec.seeds_train_args(runs, experiment.scale, template), cache)
   states = {}
   for r in runs:
     workdir = _workdir(out, r)
-    os.makedirs(workdir, exist_ok=True)
+    storage.makedirs(workdir)
     states[r.name] = dict(report.read_runner(workdir), run=r.name, status='training',
                           seeds_command=spec.shell(args, 'python'),
                           seeds_runs=[x.name for x in runs])
     _write_runner(workdir, states[r.name])
-  rc, seconds = _call(args, os.path.join(out, 'runs', f'{group}.seeds.log'))
+  rc, seconds = _call(args, storage.join(out, 'runs', f'{group}.seeds.log'))
   for r in runs:
     state = states[r.name]
     state.update(train_seconds=state.get('train_seconds', 0.0) + seconds / len(runs),
@@ -457,16 +486,16 @@ def _long_context(experiment, workdir: str, state: dict, cache: str = '') -> str
     args = _cached(experiment.extend_args(workdir, evaluated), cache)
     state['extend_command'] = spec.shell(args, 'python')
     if not _trained(evaluated):
-      rc, seconds = _call(args, os.path.join(workdir, 'extend.log'))
+      rc, seconds = _call(args, storage.join(workdir, 'extend.log'))
       state['extend_seconds'] = state.get('extend_seconds', 0.0) + seconds
       if rc or not _trained(evaluated):
-        return 'extension ' + (_failure(os.path.join(workdir, 'extend.log'), rc) if rc else
+        return 'extension ' + (_failure(storage.join(workdir, 'extend.log'), rc) if rc else
                                'interrupted')
   for label in experiment.long_context:
     if report.read_long_context(evaluated, label) is not None:
       continue
     rc, seconds = _call(_cached(experiment.long_context_args(evaluated, label), cache),
-                        os.path.join(workdir, 'long_context.log'))
+                        storage.join(workdir, 'long_context.log'))
     state['long_context_seconds'] = state.get('long_context_seconds', 0.0) + seconds
     if rc:
       return f'long-context evaluation {label!r} failed (exit {rc})'
@@ -482,18 +511,18 @@ def _set_aside_stale_extension(workdir: str, extended: str):
   an older model, so it is moved aside to extended.from_step_<step>, kept, not deleted, and the
   run is extended again from its latest checkpoint."""
   from gated_attention.runs import rundir as runs_lib  # pylint: disable=g-import-not-at-top
-  log = os.path.join(workdir, 'extend.log')
-  if not os.path.isdir(extended) or not os.path.isfile(log):
+  log = storage.join(workdir, 'extend.log')
+  if not storage.isdir(extended) or not storage.isfile(log):
     return
-  with open(log) as f:
-    started = [int(m) for m in _INITIALISED.findall(f.read())]
+  started = [int(m) for m in _INITIALISED.findall(storage.read_text(log))]
   latest = runs_lib.latest_step(workdir)
   if not started or latest is None or started[-1] == latest:
     return
   aside = f'{extended}.from_step_{started[-1]}'
-  os.replace(extended, aside)
-  os.replace(log, os.path.join(aside, 'extend.log'))
-  _log(f'{os.path.basename(workdir)}: its extension started from step {started[-1]}, the run is '
+  storage.move_tree(extended, aside)
+  storage.write(storage.join(aside, 'extend.log'), storage.read_bytes(log))
+  storage.remove(log)
+  _log(f'{storage.basename(workdir)}: its extension started from step {started[-1]}, the run is '
        f'now at step {latest}: moved to {aside}, extending again')
 
 
@@ -615,7 +644,8 @@ def _publish(experiment, out: str, results_path: str, body: str):
   os.makedirs(fig_dir, exist_ok=True)
   links = []
   for name in report.figure_names(experiment):
-    shutil.copyfile(os.path.join(out, name), os.path.join(fig_dir, name))
+    with open(os.path.join(fig_dir, name), 'wb') as f:    # OUT may be on object storage
+      f.write(storage.read_bytes(storage.join(out, name)))
     links.append(f'![{name}](figures/{experiment.name}/{name})')
   report.update_section(results_path, experiment.name, body + '\n' + '\n'.join(links) + '\n')
 
@@ -628,7 +658,9 @@ def main(argv=None) -> int:
   except spec.ExperimentError as e:
     print(f'Error: {e}', file=sys.stderr)
     return 2
-  out = os.path.abspath(args.out or os.path.join(spec.REPO, 'experiments', 'out', experiment.name))
+  out = storage.abspath(args.out or os.path.join(spec.REPO, 'experiments', 'out',
+                                                experiment.name))
+  storage.check_reachable(out, write=True)   # a missing bucket or credentials: before any run
   runs = experiment.runs
   if args.only:
     names = set(args.only.split(','))

@@ -164,6 +164,15 @@ def isfile(path: str) -> bool:
     return fs.isfile(p)
 
 
+def mtime(path: str) -> float:
+  """When `path` was last written (seconds since the epoch)."""
+  if not is_remote(path):
+    return os.path.getmtime(_local(path))
+  fs, p = filesystem(path)
+  with _errors(path, 'look up'):
+    return fs.modified(p).timestamp()
+
+
 def getsize(path: str) -> int:
   if not is_remote(path):
     return os.path.getsize(_local(path))
