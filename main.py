@@ -14,13 +14,21 @@
 Any config field can be overridden: --config.train.steps=100 --config.model.num_layers=2.
 """
 
-import sys
+import os
+import signal
 
-try:
-  from gated_attention import cli
-except KeyboardInterrupt:  # Ctrl-C while the libraries load: nothing was started
-  print('\nInterrupted while starting: nothing was written.', file=sys.stderr)
-  sys.exit(130)
+
+def _stop_now(signum, frame):  # pylint: disable=unused-argument
+  """Ctrl-C before training starts: stop at once. (A KeyboardInterrupt can land inside a garbage
+  collection callback, where Python only prints it and goes on.) The training loop takes
+  SIGINT over while it trains: the first saves a checkpoint and stops."""
+  os.write(1, b'\nInterrupted: stopped at once. Checkpoints already written are intact; run the '
+           b'same command again to resume from the latest.\n')
+  os._exit(130)  # pylint: disable=protected-access
+
+
+signal.signal(signal.SIGINT, _stop_now)
+from gated_attention import cli  # noqa: E402  pylint: disable=g-import-not-at-top
 
 if __name__ == '__main__':
   cli.run()

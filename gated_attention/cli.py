@@ -146,6 +146,13 @@ def main(argv):
     _interrupted()
 
 
+def _stop_now(signum, frame):  # pylint: disable=unused-argument
+  """Ctrl-C before training starts (main.py installs the same before its imports)."""
+  os.write(1, b'\nInterrupted: stopped at once. Checkpoints already written are intact; run the '
+           b'same command again to resume from the latest.\n')
+  os._exit(130)  # pylint: disable=protected-access
+
+
 def _interrupted():
   print('\nInterrupted: stopped at once. Checkpoints already written are intact (a save that '
         'was under way is not used); run the same command again to resume from the latest.',
@@ -272,6 +279,9 @@ def _resolved_argv(argv: list[str]) -> list[str]:
 def run():
   """The entry point: `python main.py ...` and the `gated-attention` console command."""
   sys.argv = _resolved_argv(sys.argv)
+  import signal  # pylint: disable=g-import-not-at-top
+  if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # the console command
+    signal.signal(signal.SIGINT, _stop_now)
   try:
     app.run(main, flags_parser=_parse_flags)
   except KeyboardInterrupt:   # while the flags and the config file are read

@@ -3,11 +3,14 @@ analyse and report there as in a local --out, and a second invocation trains not
 
 import json
 
+import pytest
+
 from experiments import report, run
 from gated_attention import storage
 from tests.test_experiments import EXPERIMENT
 
 
+@pytest.mark.slow   # ~35 s: a whole runner invocation (run with -m slow)
 def test_the_runner_with_out_on_gcs(gcs, tmp_path, capsys):
   path, results = tmp_path / 'tiny.py', tmp_path / 'docs' / 'results.md'
   path.write_text(EXPERIMENT.replace("VARIANTS = ['baseline', 'g1_elementwise']",

@@ -129,6 +129,7 @@ def test_setup_path_shards_over_both_processes(tmp_path):
   assert p0['wi_gate_spec'] == "P(None, 'expert', 'fsdp', None)"
 
 
+@pytest.mark.slow   # 25-35 s: two more jax.distributed processes (run with -m slow)
 def test_two_processes_write_one_run_on_object_storage(loop_run, gcs, tmp_path):
   """The same two-process run (and its resumption) with the run directory on gs:// (a real GCS
   API server, tests/gcs_server.py): both processes write array shards and their data positions

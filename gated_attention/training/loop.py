@@ -50,7 +50,14 @@ class _Interrupt:
 
   def _handle(self, signum, _):
     if self.signal is not None:  # a second Ctrl-C: give up immediately
-      raise KeyboardInterrupt
+      # Not a KeyboardInterrupt: raised inside a garbage-collection callback (JAX has one) it is
+      # only printed, as a traceback, and the run goes on. Checkpoints are committed atomically,
+      # so stopping here loses nothing saved; the save in flight, if any, is not used.
+      import os  # pylint: disable=g-import-not-at-top
+      # fd 1: stderr may be console.py's pipe, whose pump thread dies with the process
+      os.write(1, b'\nInterrupted again: stopped at once. Checkpoints already written are intact; '
+               b'run the same command again to resume from the latest.\n')
+      os._exit(130)  # pylint: disable=protected-access
     self.signal = signum
 
   def restore(self):
