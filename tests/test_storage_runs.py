@@ -130,6 +130,7 @@ def test_missing_credentials_are_one_paragraph(env, tmp_path):
   assert 'credentials' in err and 'gcloud auth application-default login' in err
 
 
+@pytest.mark.slow   # ~13 s more (run with -m slow)
 def test_damaged_newest_checkpoint_on_gcs_is_set_aside_and_redone(gcs_run, reference, env,
                                                                    bucket):
   """Flipped bytes in checkpoint 30 of a copy of the gs:// run: the resumed run sets 30 aside as
