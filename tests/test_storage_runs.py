@@ -157,3 +157,26 @@ def test_damaged_newest_checkpoint_on_gcs_is_set_aside_and_redone(gcs_run, refer
   assert objects(aside) == before                 # every object of the bad step, kept
   assert storage.read_bytes(aside + target[len(step_dir):]) == bytes(raw)
   assert_like_reference(workdir, reference)
+
+
+@pytest.mark.slow   # ~30 s: three more main.py commands (run with -m slow)
+def test_sample_long_context_and_import_on_gcs(gcs_run, env, bucket):
+  """The remaining commands on gs://: sample and long_context read the run there and write
+  their reports there; import writes a run directory there that analyze opens."""
+  workdir, _ = gcs_run
+  sampled = run_main([sys.executable, 'main.py', '--mode=sample', f'--workdir={workdir}',
+                      '--prompt=def ', '--max_new_tokens=4'], env)
+  assert sampled.returncode == 0 and "--- 'def ' ->" in sampled.stdout, sampled.stderr[-2000:]
+  evaluated = run_main([sys.executable, 'main.py', '--mode=long_context', f'--workdir={workdir}',
+                        '--config.long_context.lengths=32,64'], env)
+  assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+  tags = storage.listdir(storage.join(workdir, 'long_context'))
+  assert len(tags) == 1 and {'report.json', 'long_context.md'} <= set(
+      storage.listdir(storage.join(workdir, 'long_context', tags[0])))
+  imported = bucket.url('runs/imported')
+  hf = os.path.join(REPO, 'tests', 'fixtures', 'hf', 'elementwise_tied')
+  done = run_main([sys.executable, 'main.py', '--mode=import', f'--hf={hf}',
+                   f'--workdir={imported}'], env)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert rundir.checkpoint_steps(imported) == [0]
+  assert rundir.read_config(imported).variant == 'g1_elementwise'
