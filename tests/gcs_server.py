@@ -39,10 +39,21 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+# Nothing may leave the machine: without credentials the Google clients fall back to the GCE
+# metadata server (169.254.169.254 / metadata.google.internal); these point every one of them at
+# a closed loopback port instead, and give tensorstore its anonymous token for the emulator.
+OFFLINE = {
+    'GOOGLE_AUTH_TOKEN_FOR_TESTING': 'anonymous',   # tensorstore: no credential lookup at all
+    'NO_GCE_CHECK': 'True',                         # google-auth: do not probe for GCE
+    'GCE_METADATA_HOST': '127.0.0.1:9', 'GCE_METADATA_IP': '127.0.0.1:9',   # google-auth
+    'GCE_METADATA_ROOT': '127.0.0.1:9',             # tensorstore
+}
+
+
 def environment(port: int) -> dict[str, str]:
   url = f'http://127.0.0.1:{port}'
   return {**{v: url for v in VARIABLES}, 'GOOGLE_CLOUD_PROJECT': 'test',
-          'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT': 'false'}
+          'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT': 'false', **OFFLINE}
 
 
 class Server:
