@@ -108,7 +108,8 @@ def _fails_before_training(args, env, *, timeout=120):
   return ' '.join(done.stderr.split()), time.time() - start
 
 
-def test_missing_bucket_is_one_paragraph_before_training(env):
+def test_missing_bucket_is_one_paragraph_before_training(env, gcs_server):
+  del gcs_server                  # the emulator answers; the bucket is not there
   err, _ = _fails_before_training(['--workdir=gs://no-such-bucket-36/run'], env)
   assert 'gs://no-such-bucket-36 ' in err and 'does not exist' in err
   assert 'gcloud storage buckets create' in err
