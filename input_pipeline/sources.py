@@ -6,9 +6,11 @@ Each source is a `Documents`: `len(docs)`, `docs[i] -> str`, `docs.name` (for me
 `synthetic` has no documents to load: pipeline.build_data generates them (synthetic.py).
 """
 
+import fnmatch
 import importlib
 import json
 import os
+import re
 import sysconfig
 
 import numpy as np
@@ -63,65 +65,110 @@ class JsonlDocs(Documents):
 
   def __init__(self, paths: list[str], field: str, name: str, sizes: dict[str, int] | None = None):
     self.paths, self.field, self.name = paths, field, name
-    spans = [_line_spans(p) for p in paths]
-    sizes = sizes or {}
+    sizes = dict(sizes or {})
+    for p in paths:
+      if p not in sizes:
+        sizes[p] = storage.getsize(p)
+    spans = _line_spans(paths, sizes, name)
     self._file = np.concatenate([np.full(len(s[0]), k, np.int32) for k, s in enumerate(spans)])
     self._start, self._end, self._line = (np.concatenate([s[j] for s in spans]) for j in range(3))
     self.sizes = self._end - self._start
-    self.info = {'files': len(paths), 'megabytes': round(
-        sum(sizes[p] if p in sizes else storage.getsize(p) for p in paths) / 1e6, 2)}
+    self.info = {'files': len(paths), 'megabytes': round(sum(sizes[p] for p in paths) / 1e6, 2)}
 
   def __len__(self):
     return len(self._start)
 
   def __getitem__(self, i):
     path = self.paths[self._file[i]]
-    with storage.open_file(path, 'rb') as f:
-      f.seek(self._start[i])
-      raw = f.read(self._end[i] - self._start[i])
+    start, end = int(self._start[i]), int(self._end[i])
+    if storage.is_remote(path):      # one ranged GET: no metadata requests, no read-ahead
+      raw = _remote_ranges(self.name, [path], [start], [end])[0]
+    else:
+      with open(path, 'rb') as f:
+        f.seek(start)
+        raw = f.read(end - start)
     return _json_text(raw, self.field, f'{path}, line {self._line[i]}')
 
 
-_BLOCK = 64 << 20    # bytes of a remote JSON-lines file read at a time to index its lines
+_BLOCK = 64 << 20    # at most this many bytes of remote JSON-lines files read at a time
 
 
-def _line_spans(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Byte [start, end) and 1-based line number of each non-blank line of a file."""
-  size = storage.getsize(path)
-  if size == 0:
-    return (np.zeros(0, np.int64),) * 3
-  if storage.is_remote(path):       # no memmap on object storage: one pass in blocks
-    newlines, before = _remote_newlines(path)
-  else:
-    buf_n = np.memmap(path, np.uint8, mode='r')
-    newlines = np.flatnonzero(buf_n == ord('\n'))
-    before = buf_n[np.maximum(np.concatenate([newlines, [size]]) - 1, 0)]
-  start = np.concatenate([[0], newlines + 1])
-  end = np.concatenate([newlines, [size]])
-  line = np.arange(1, len(start) + 1)
-  crlf = (end > start) & (before == ord('\r'))     # `before`: the byte before each end
-  keep = (end - crlf) > start
-  return start[keep].astype(np.int64), end[keep].astype(np.int64), line[keep]
+def _remote_ranges(name: str, paths: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
+  """Bytes [start, end) of each remote file, fetched concurrently; a DataError naming the file
+  that cannot be read."""
+  fs, _ = storage.filesystem(paths[0])
+  try:
+    out = fs.cat_ranges([storage.filesystem(p)[1] for p in paths], starts, ends)
+  except Exception as e:  # pylint: disable=broad-except  # the client as a whole failed
+    out = [e] * len(paths)
+  for path, got in zip(paths, out):
+    if isinstance(got, BaseException):
+      gone = isinstance(got, FileNotFoundError)
+      raise DataError(
+          f'{name}: cannot read {path!r} ({type(got).__name__}: {got}); '
+          + ('it was removed or renamed after data.path was listed: restore it, or rerun to '
+             'list data.path again.' if gone else
+             'check that the object exists and that your credentials may read it, or narrow '
+             '--config.data.path.')) from got
+  return out
 
 
-def _remote_newlines(path: str) -> tuple[np.ndarray, np.ndarray]:
-  """(offsets of the newlines, the byte before each line's end) of a remote file, read once in
-  blocks of _BLOCK bytes."""
-  newlines, before, offset, last = [], [], 0, 0
-  with storage.open_file(path, 'rb') as f:
-    while True:
-      block = f.read(_BLOCK)
-      if not block:
-        break
+def _line_spans(paths: list[str], sizes: dict[str, int],
+                name: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+  """For each file: byte [start, end) and 1-based line number of each non-blank line."""
+  remote = [p for p in paths if storage.is_remote(p) and sizes[p] > 0]
+  found = _remote_newlines(remote, sizes, name) if remote else {}
+  spans = []
+  for path in paths:
+    size = sizes[path] if storage.is_remote(path) else storage.getsize(path)  # local: as now
+    if size == 0:
+      spans.append((np.zeros(0, np.int64),) * 3)
+      continue
+    if path in found:                 # no memmap on object storage: read in blocks
+      newlines, before = found[path]
+    else:
+      buf_n = np.memmap(path, np.uint8, mode='r')
+      newlines = np.flatnonzero(buf_n == ord('\n'))
+      before = buf_n[np.maximum(np.concatenate([newlines, [size]]) - 1, 0)]
+    start = np.concatenate([[0], newlines + 1])
+    end = np.concatenate([newlines, [size]])
+    line = np.arange(1, len(start) + 1)
+    crlf = (end > start) & (before == ord('\r'))     # `before`: the byte before each end
+    keep = (end - crlf) > start
+    spans.append((start[keep].astype(np.int64), end[keep].astype(np.int64), line[keep]))
+  return spans
+
+
+def _remote_newlines(paths: list[str], sizes: dict[str, int],
+                     name: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """{file: (offsets of its newlines, the byte before each line's end)} of remote files, each
+  read once: blocks of at most _BLOCK bytes, fetched concurrently in batches of at most _BLOCK
+  bytes (thousands of small files cost a few round trips, not one each; big files stream)."""
+  chunks = [(p, s, min(s + _BLOCK, sizes[p])) for p in paths for s in range(0, sizes[p], _BLOCK)]
+  batches, batch, total = [], [], 0
+  for c in chunks:
+    if batch and total + c[2] - c[1] > _BLOCK:
+      batches.append(batch)
+      batch, total = [], 0
+    batch.append(c)
+    total += c[2] - c[1]
+  batches += [batch] if batch else []
+  newlines = {p: [] for p in paths}
+  before = {p: [] for p in paths}
+  last = dict.fromkeys(paths, 0)     # the last byte read of each file so far
+  for batch in batches:
+    blocks = _remote_ranges(name, *map(list, zip(*batch)))
+    for (path, offset, _), block in zip(batch, blocks):
       buf = np.frombuffer(block, np.uint8)
+      if not len(buf):
+        continue
       found = np.flatnonzero(buf == ord('\n'))
-      prev = np.concatenate([[last], buf[:-1]])      # the byte before each byte of the block
-      newlines.append(found + offset)
-      before.append(prev[found])
-      offset, last = offset + len(buf), int(buf[-1])
-  newlines = np.concatenate(newlines) if newlines else np.zeros(0, np.int64)
-  before = np.concatenate(before + [[last]]).astype(np.uint8)
-  return newlines.astype(np.int64), before
+      prev = np.concatenate([[last[path]], buf[:-1]])   # the byte before each byte of the block
+      newlines[path].append(found + offset)
+      before[path].append(prev[found])
+      last[path] = int(buf[-1])
+  return {p: (np.concatenate(newlines[p] + [np.zeros(0, np.int64)]).astype(np.int64),
+              np.concatenate(before[p] + [[last[p]]]).astype(np.uint8)) for p in paths}
 
 
 def _json_type(v) -> str:
@@ -147,14 +194,19 @@ def _json_text(raw: bytes, field: str, where: str) -> str:
   return obj[field]
 
 
+def _megabytes(paths: list[str], sizes: dict[str, int] | None) -> float:
+  """Total size of the files: from the listing where it gave them, else one lookup each."""
+  sizes = sizes or {}
+  return round(sum(sizes[p] if p in sizes else storage.getsize(p) for p in paths) / 1e6, 2)
+
+
 class ParquetDocs(Documents):
   """One document per row of parquet files: column `field` (needs pyarrow)."""
 
-  def __init__(self, paths: list[str], field: str, name: str):
+  def __init__(self, paths: list[str], field: str, name: str, sizes: dict[str, int] | None = None):
     self.paths, self.field, self.name = paths, field, name
     self._load()
-    self.info = {'files': len(paths),
-                 'megabytes': round(sum(map(storage.getsize, paths)) / 1e6, 2)}
+    self.info = {'files': len(paths), 'megabytes': _megabytes(paths, sizes)}
 
   def _load(self):
     pq = _need('pyarrow.parquet', 'pyarrow', 'parquet')
@@ -203,7 +255,7 @@ class ArrayRecordDocs(Documents):
   The first record decides: if it is a JSON object with `field`, all records are JSON.
   """
 
-  def __init__(self, paths: list[str], field: str, name: str):
+  def __init__(self, paths: list[str], field: str, name: str, sizes: dict[str, int] | None = None):
     self.field, self.name = field, name
     _need('array_record.python.array_record_module', 'array-record', 'arrayrecord')
     import grain  # pylint: disable=g-import-not-at-top
@@ -216,8 +268,7 @@ class ArrayRecordDocs(Documents):
       self._json = isinstance(json.loads(first).get(field), str)
     except (ValueError, AttributeError):
       self._json = False
-    self.info = {'files': len(paths),
-                 'megabytes': round(sum(map(storage.getsize, paths)) / 1e6, 2)}
+    self.info = {'files': len(paths), 'megabytes': _megabytes(paths, sizes)}
 
   def __len__(self):
     return len(self._src)
@@ -301,10 +352,42 @@ def _glob(cfg, what: str) -> dict[str, int]:
   found = {}
   for pattern in patterns:
     storage.check_reachable(pattern, write=False)   # a missing bucket, credentials: one paragraph
-    found.update(storage.glob_sizes(pattern))
+    matched = storage.glob_sizes(pattern)
+    if storage.is_remote(pattern):   # the local rules: no hidden files or folders unless named
+      matched = {f: n for f, n in matched.items() if _glob_match(_parts(pattern), _parts(f))}
+    found.update(matched)
   if not found:
     raise DataError(f'data.path={cfg.path!r} matched no files; {fix}.')
   return dict(sorted(found.items()))
+
+
+def _parts(url: str) -> list[str]:
+  """'gs://bucket/a//b' -> ['bucket', 'a', 'b']."""
+  return [c for c in url.split('://', 1)[1].split('/') if c]
+
+
+def _glob_match(pattern: list[str], parts: list[str]) -> bool:
+  """Whether Python's glob.glob(recursive=True) would match the path `parts` with `pattern` (both
+  split at '/'): `**` spans zero or more folders, and no wildcard matches a name that starts with
+  '.' unless its pattern does too. Object storage globs (fsspec) match such names; a local glob,
+  the reference, does not (e.g. macOS's ._part0.jsonl beside part0.jsonl)."""
+  if not pattern:
+    return not parts
+  head, rest = pattern[0], pattern[1:]
+  if head == '**':
+    for k in range(len(parts) + 1):
+      if k and parts[k - 1].startswith('.'):
+        return False
+      if _glob_match(rest, parts[k:]):
+        return True
+    return False
+  if not parts:
+    return False
+  if not re.search(r'[*?[]', head):
+    return parts[0] == head and _glob_match(rest, parts[1:])
+  if parts[0].startswith('.') and not head.startswith('.'):
+    return False
+  return fnmatch.fnmatchcase(parts[0], head) and _glob_match(rest, parts[1:])
 
 
 def _need(module: str, package: str, source: str):
@@ -327,9 +410,11 @@ def load_documents(cfg) -> Documents:
     files = _glob(cfg, 'JSON-lines files')
     docs = JsonlDocs(list(files), cfg.text_field, name, sizes=files)
   elif cfg.source == 'parquet':
-    docs = ParquetDocs(list(_glob(cfg, 'parquet files')), cfg.text_field, name)
+    files = _glob(cfg, 'parquet files')
+    docs = ParquetDocs(list(files), cfg.text_field, name, sizes=files)
   elif cfg.source == 'arrayrecord':
-    docs = ArrayRecordDocs(list(_glob(cfg, 'ArrayRecord files')), cfg.text_field, name)
+    files = _glob(cfg, 'ArrayRecord files')
+    docs = ArrayRecordDocs(list(files), cfg.text_field, name, sizes=files)
   elif cfg.source == 'hf':
     if not cfg.path:
       raise DataError("data.source='hf' needs data.path; set --config.data.path to a Hugging Face "
