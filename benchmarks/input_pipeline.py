@@ -1,5 +1,5 @@
 """The input pipeline's tokens per CPU core-second: tokenizing on the fly with a 16k byte-level
-BPE against reading pre-tokenized shards (issue 36 item 4), and what one v5p host must feed.
+BPE against reading pre-tokenized shards, and what one v5p host must feed.
 
 Three measurements on the built-in corpus (Python source), in one process:
 
@@ -11,9 +11,11 @@ Three measurements on the built-in corpus (Python source), in one process:
 
 CPU time (time.process_time) rather than wall time: tokens per core-second does not depend on
 how many cores the machine lends the run, and this shared 2-core machine's wall time drifts.
-Then the arithmetic for dense_1p7b_28l on a v5p host (docs/tpu_aot.md: a v5p:2x2x1 slice, 4
-chips = one host, global batch 1024 x 4096 tokens, roofline step 34.12 s baseline / 36.27 s
-G1 elementwise): tokens per second the host must feed and the cores each pipeline needs.
+Then the arithmetic for dense_1p7b_28l on v5p (docs/tpu_aot.md, sequence 4096, global batch 1024;
+a v5p host has 4 chips): tokens/s per host = global batch x seq_len / step time / hosts, for the
+smallest slice (v5p:2x2x1, 4 chips = 1 host, roofline step 34.12 s baseline / 36.27 s G1
+elementwise) and v5p:4x4x4 (64 chips = 16 hosts, 2.13 s / 2.27 s), and the cores each pipeline
+needs for it.
 
   python -m benchmarks.input_pipeline [--tokenizer=PATH | --vocab_size=16384] [--docs=2000]
                                       [--batches=200] [--batch_size=16] [--seq_len=2048]
@@ -29,9 +31,12 @@ from configs import base
 import input_pipeline
 from input_pipeline import bpe, tokenized
 
-# docs/tpu_aot.md, "Smallest v5p slice per model": dense_1p7b_28l on v5p:2x2x1 (4 chips, one host)
-AOT = {'global_batch': 1024, 'seq_len': 4096, 'hosts': 1,
-       'step_s': {'baseline': 34.12, 'g1_elementwise': 36.27}}
+# docs/tpu_aot.md: dense_1p7b_28l, sequence 4096, global batch 1024, roofline step seconds
+AOT_MODEL, GLOBAL_BATCH, SEQ_LEN, CHIPS_PER_HOST = 'dense_1p7b_28l', 1024, 4096, 4
+AOT_STEP_S = {  # (slice, chips): {variant: step seconds}
+    ('v5p:2x2x1', 4): {'baseline': 34.12, 'g1_elementwise': 36.27},
+    ('v5p:4x4x4', 64): {'baseline': 2.13, 'g1_elementwise': 2.27},
+}
 
 
 def _data_cfg(tokenizer: str, seq_len: int, **kw):
@@ -114,13 +119,19 @@ def main():
     print('|---|---|---|')
     for name, per_cpu, per_wall in rows:
       print(f'| {name} | {per_cpu:,.0f} | {per_wall:,.0f} |')
-    step_tokens = AOT['global_batch'] * AOT['seq_len']
-    print(f'\ndense_1p7b_28l on v5p:2x2x1 (4 chips = {AOT["hosts"]} host): '
-          f'{AOT["global_batch"]} x {AOT["seq_len"]} = {step_tokens:,} tokens a step')
-    for variant, step_s in AOT['step_s'].items():
-      need = step_tokens / step_s / AOT['hosts']
-      print(f'  {variant}: {step_tokens:,} / {step_s} s = {need:,.0f} tokens/s per host; cores '
-            f'needed: on the fly {need / rows[1][1]:.2f}, pre-tokenized {need / rows[2][1]:.3f}')
+    step_tokens = GLOBAL_BATCH * SEQ_LEN
+    print(f'\n{AOT_MODEL} (docs/tpu_aot.md): global batch {GLOBAL_BATCH} x {SEQ_LEN} = '
+          f'{step_tokens:,} tokens a step; a v5p host has {CHIPS_PER_HOST} chips')
+    print('tokens/s per host = global batch x seq_len / step time / hosts\n')
+    print('| slice | variant | step (s) | hosts | tokens/s per host | cores on the fly | '
+          'cores from shards |')
+    print('|---|---|---|---|---|---|---|')
+    for (topology, chips), steps in AOT_STEP_S.items():
+      hosts = chips // CHIPS_PER_HOST
+      for variant, step_s in steps.items():
+        need = step_tokens / step_s / hosts
+        print(f'| {topology} | {variant} | {step_s} | {hosts} | {step_tokens:,} / {step_s} / '
+              f'{hosts} = {need:,.0f} | {need / rows[1][1]:.3f} | {need / rows[2][1]:.4f} |')
   finally:
     shutil.rmtree(work, ignore_errors=True)
 

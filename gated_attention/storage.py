@@ -462,3 +462,22 @@ def check_reachable(path: str, *, write: bool):
                    f'.write_probe.{os.getpid()}')
     probe.write(b'', if_generation=0)
     probe.delete(if_generation=probe.generation())
+
+
+# --- one local file published whole (input_pipeline/tokenized.py's shards) ------------------
+
+def upload_file(local_path: str, path: str):
+  """Copies the finished local file `local_path` to `path`, published whole: remote, one object
+  upload (streamed, not read into memory; the object appears only once the upload completes,
+  never a part of it); local, a copy under a temporary name renamed to `path`."""
+  if not is_remote(path):
+    import shutil  # pylint: disable=g-import-not-at-top
+    target = _local(path)
+    tmp = f'{target}.tmp{os.getpid()}'
+    shutil.copyfile(local_path, tmp)
+    os.replace(tmp, target)
+    return
+  fs, p = filesystem(path)
+  with _errors(path, 'upload to'):
+    fs.put_file(local_path, p)
+  _written(path)

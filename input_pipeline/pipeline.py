@@ -17,6 +17,11 @@ training TOKENS: the document share that gives it follows from the mean length o
 train documents. Task document i of the run is generated from (seed, i) and process p reads
 i = p, p + P, p + 2P, ... The iterator state (the mixed stream's next index) checkpoints both.
 
+data.source='tokenized' (input_pipeline/tokenized.py, written by --mode=tokenize) reads the token
+ids of the source's documents from ArrayRecord shards, in the source's document index space: the
+same split, order, packing, shares and iterator state as training from the source, and no
+tokenizer work.
+
 data.source='synthetic' (input_pipeline/synthetic.py) replaces the documents by an unbounded index
 space of generated ones: process p reads train documents p, p + P, p + 2P, ... of the run's seed
 (i.i.d., so neither the documents nor the windows are shuffled), and validation reads the task's
@@ -147,6 +152,10 @@ class Data:
       return int(round(n_tokens / len(sampled) * len(ids)))
 
     exact = len(sampled) == len(order)
+    num_tokens = {'train': n_tokens if exact else estimate(self._train_ids),
+                  'val': estimate(self._val_ids)}
+    if getattr(docs, 'split_tokens', None):   # pre-tokenized: counted when it was written
+      num_tokens, exact = dict(docs.split_tokens), True
     mixture = {}
     if self.mixture:
       m = self.mixture
@@ -157,8 +166,7 @@ class Data:
     return {
         'source': self._cfg.source, 'path': self._cfg.path, **docs.info,
         'num_documents': {'train': len(self._train_ids), 'val': len(self._val_ids)},
-        'num_tokens': {'train': n_tokens if exact else estimate(self._train_ids),
-                       'val': estimate(self._val_ids)},
+        'num_tokens': num_tokens,
         'num_tokens_train_exact': exact,
         'tokenizer': tokenizer.name, 'vocab_size': tokenizer.vocab_size,
         'unigram_entropy': float(-(p * np.log(p)).sum()),  # nats/token

@@ -7,31 +7,46 @@
 The folder (local or gs://) holds
 
     train-00000-of-00012.arrayrecord ...   the training split's documents, in index order
+    train-00000-of-00012.json ...          its counts (documents, tokens) and the settings that
+                                           made it, written just before the shard is published
     val-00000-of-00001.arrayrecord         the held-out split's (sources.split_documents)
-    manifest.json                          written last: the source, the tokenizer, the split, the
-                                           shards with their documents and tokens
+    manifest.json                          written last: the source, the tokenizer (name, vocab,
+                                           BOS, fingerprint), the split, each shard's documents
+                                           and tokens
 
 One record is one document's token ids exactly as `tokenizer.encode_doc` gives them (BOS
-first), int32 little-endian. Shard k of a split holds that split's documents [k n, (k + 1) n)
-with n = data.shard_documents, so the boundaries are known before anything is tokenized: the
-shards are independent (tokenized in parallel, one process per core), a rerun after a kill skips
-the shards already published and writes the same bytes for the rest (a shard is written to a
-local temporary file and published whole: renamed, or uploaded as one object), and the manifest
-appears only when every shard is there.
+first), int32 little-endian; the files are written with 'group_size:1' (random access by record,
+each record compressed on its own). Shard k of a split holds that split's documents
+[k n, (k + 1) n) with n = data.shard_documents, so the boundaries are known before anything is
+tokenized: the shards are independent (tokenized in parallel, one process per core), and a rerun
+after a kill skips the shards already published (their counts from their .json files: nothing is
+read back) and writes the same bytes for the rest. A shard is written to a local temporary file
+and published whole (renamed, or uploaded as one object), so a partial shard is never under its
+final name; a rerun removes a killed run's temporary files; the manifest appears only when every
+shard is there. A rerun on a folder of other data (another tokenizer, split, document count or
+data.shard_documents) is refused.
 
 Training from the folder (`data.source='tokenized'`, `TokenDocuments`) sees the source's document
 index space: document i of the source is a record (train shards first, then validation), the
 split is recomputed from the manifest's document count and val_fraction, and everything after
 tokenization (the order, packing, shuffling, each process's share of the documents, the saved
 iterator position) is build_data's, so the batches are those of training from the source.
-Each process reads only its own documents' records (random access by record).
+Each process reads only its own documents' records (random access by record); a shard is opened
+when one of them is first read. The run's data.tokenizer must be the one the folder was made
+with: the same token ids for a fixed text (`tokenizer_fingerprint`), whatever its file is called.
 """
 
 import concurrent.futures
+import hashlib
 import json
+import multiprocessing
 import os
+import re
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -44,10 +59,37 @@ from input_pipeline.tokenizer import Tokenizer, make_tokenizer
 MANIFEST = 'manifest.json'
 FORMAT = 1
 _EXT = 'arrayrecord'
+# A killed run's leftovers in --out: a shard, its counts or the manifest under a temporary name.
+_STALE = re.compile(r'^(?:(?:train|val)-\d{5}-of-\d{5}\.(?:arrayrecord|json)|manifest\.json)'
+                    r'\.tmp\d*$')
+# Text whose token ids identify a tokenizer (the name alone does not: 'hf:tokenizer.json').
+_PROBE = ('The quick brown fox jumps over the lazy dog. 0123456789 +-*/=<>()[]{} '
+          'def f(x):\n    return x ** 2  # déjà vu, naïve, Ελληνικά, русский, 日本語, 한국어, 🙂\n'
+          'https://example.com/a?b=c&d=e  \t tabs, CamelCase, snake_case, UPPER, ...!?')
+_PROGRESS_DOCS = 64  # a worker adds its documents and tokens to the progress bar this often
 
 
 def shard_name(split: str, k: int, n: int) -> str:
   return f'{split}-{k:05d}-of-{n:05d}.{_EXT}'
+
+
+def counts_name(shard: str) -> str:
+  """The shard's counts file, written before the shard is published: 'train-00000-of-00012.json'
+  holds its documents, tokens and the settings that made it."""
+  return shard[:-len(_EXT)] + 'json'
+
+
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
+  """sha256 of the vocabulary size, BOS, the token ids of a fixed text and the text of the whole
+  vocabulary (every id decoded, in order): equal for the same tokenizer wherever its file is and
+  whatever it is called, different for another."""
+  ids = np.asarray(tokenizer.encode_doc(_PROBE), '<i4')
+  try:
+    vocab = tokenizer.decode(np.arange(tokenizer.vocab_size))
+  except Exception:  # pylint: disable=broad-except  # a tokenizer that cannot decode some ids
+    vocab = ''
+  head = f'{tokenizer.vocab_size}/{tokenizer.bos_id}/'.encode()
+  return hashlib.sha256(head + ids.tobytes() + vocab.encode('utf-8', 'replace')).hexdigest()[:16]
 
 
 def _plan(train_ids: np.ndarray, val_ids: np.ndarray, per_shard: int) -> list[tuple]:
@@ -59,50 +101,131 @@ def _plan(train_ids: np.ndarray, val_ids: np.ndarray, per_shard: int) -> list[tu
   return plan
 
 
-def _write_shard(docs: Documents, tokenizer: Tokenizer, ids: np.ndarray, out: str,
-                 name: str) -> tuple[str, int, int]:
-  """Tokenizes documents `ids` into the shard `out`/`name`, published whole; (name, documents,
-  tokens). A worker process's job."""
+# --- the worker processes ----------------------------------------------------------------------
+
+_WORKER = {}  # a worker process's documents, tokenizer and progress counters (_init_worker)
+
+
+def _init_worker(docs: Documents, tokenizer: Tokenizer, progress, parent: int):
+  """Each worker's state, given once (not with every shard). Ctrl-C stops the parent, which
+  prints one line; the workers ignore it and die with the parent (Linux: PR_SET_PDEATHSIG), so a
+  kill of the command leaves no process writing behind it."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  if sys.platform.startswith('linux'):
+    try:
+      import ctypes  # pylint: disable=g-import-not-at-top
+      ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+      pass
+  if os.getppid() != parent:  # the parent died before the line above
+    os._exit(1)  # pylint: disable=protected-access
+  _WORKER.update(docs=docs, tokenizer=tokenizer, progress=progress)
+
+
+def _add_progress(docs: int, tokens: int):
+  progress = _WORKER.get('progress')
+  if progress is not None:
+    with progress.get_lock():
+      progress[0] += docs
+      progress[1] += tokens
+
+
+def _write_shard(ids: np.ndarray, out: str, name: str, counts: dict,
+                 tmp_dir: str | None) -> tuple[str, int, int]:
+  """Tokenizes documents `ids` into the shard `out`/`name`: written to a local temporary file,
+  its counts file written, then the shard published whole (a rename, or one object upload), so a
+  shard under its final name is always complete and has its counts. (name, documents, tokens)."""
   from array_record.python import array_record_module as ar  # pylint: disable=g-import-not-at-top
+  docs, tokenizer = _WORKER['docs'], _WORKER['tokenizer']
   target = storage.join(out, name)
-  tmp_dir = (tempfile.mkdtemp(prefix='gated_attention_shard_') if storage.is_remote(out)
-             else None)
-  tmp = os.path.join(tmp_dir, name) if tmp_dir else f'{target}.tmp{os.getpid()}'
+  tmp = os.path.join(tmp_dir, name) if tmp_dir else target
+  tmp = f'{tmp}.tmp{os.getpid()}'
   try:
     writer = ar.ArrayRecordWriter(tmp, 'group_size:1')
-    tokens = 0
+    tokens = step_docs = step_tokens = 0
     for i in ids:
       ids_n = np.asarray(tokenizer.encode_doc(docs[int(i)]), '<i4')
       writer.write(ids_n.tobytes())
       tokens += len(ids_n)
+      step_docs, step_tokens = step_docs + 1, step_tokens + len(ids_n)
+      if step_docs == _PROGRESS_DOCS:
+        _add_progress(step_docs, step_tokens)
+        step_docs = step_tokens = 0
     writer.close()
+    storage.write(storage.join(out, counts_name(name)), json.dumps(
+        {'documents': len(ids), 'tokens': tokens, **counts}, indent=1, sort_keys=True))
     if tmp_dir:
-      storage.upload_tree(tmp_dir, out)       # one object, uploaded once complete
+      storage.upload_file(tmp, target)        # one object, uploaded once complete
     else:
       os.replace(tmp, target)                 # a partial shard never has the final name
+    _add_progress(step_docs, step_tokens)
   finally:
-    if tmp_dir:
-      shutil.rmtree(tmp_dir, ignore_errors=True)
-    elif os.path.exists(tmp):
+    if os.path.exists(tmp):
       os.remove(tmp)
   return name, len(ids), tokens
 
 
+# --- the command -------------------------------------------------------------------------------
+
 def _count(path: str) -> tuple[int, int]:
-  """(documents, tokens) of a published shard."""
+  """(documents, tokens) of a published shard, read back (a shard without its counts file)."""
   from array_record.python import array_record_module as ar  # pylint: disable=g-import-not-at-top
   reader = ar.ArrayRecordReader(path)
   try:
-    n = reader.num_records()
-    return n, sum(len(r) // 4 for r in reader.read(list(range(n)))) if n else 0
+    n, tokens = reader.num_records(), 0
+    for start in range(0, n, 1024):
+      tokens += sum(len(r) // 4 for r in reader.read(list(range(start, min(n, start + 1024)))))
+    return n, tokens
   finally:
     reader.close()
+
+
+def _local_tmp_dir(out: str) -> str:
+  """Where the shards of a remote --out are written before their upload: one folder per --out,
+  emptied by every run (a killed run's files go with it)."""
+  key = hashlib.sha256(out.rstrip('/').encode()).hexdigest()[:16]
+  path = os.path.join(tempfile.gettempdir(), 'gated_attention_tokenize', key)
+  shutil.rmtree(path, ignore_errors=True)
+  os.makedirs(path)
+  return path
+
+
+def _published(out: str, plan: list[tuple], have: set, counts: dict) -> dict:
+  """name -> (documents, tokens) of the planned shards already in `out` (a resumed run), from
+  their counts files (read in parallel: thousands of shards on gs://); DataError if one was made
+  from other data or settings."""
+  def check(split, k, n, ids):
+    name = shard_name(split, k, n)
+    path = storage.join(out, name)
+    if counts_name(name) in have:
+      c = json.loads(storage.read_bytes(storage.join(out, counts_name(name))))
+      other = ', '.join(f'{key}: {c.get(key)!r} there, {value!r} now'
+                        for key, value in sorted(counts.items()) if c.get(key) != value)
+      if other:
+        raise DataError(f'{path} was made with other settings ({other}): --out holds shards of '
+                        'other data, another tokenizer or data.shard_documents. Use another '
+                        '--out, or the settings it was made with.')
+      found = (int(c['documents']), int(c['tokens']))
+    else:   # a shard without its counts file (copied without it): read back, counted
+      found = _count(path)
+      storage.write(storage.join(out, counts_name(name)), json.dumps(
+          {'documents': found[0], 'tokens': found[1], **counts}, indent=1, sort_keys=True))
+    if found[0] != len(ids):
+      raise DataError(f'{path} holds {found[0]} documents, not the {len(ids)} this source and '
+                      'data.shard_documents put there: --out holds shards of other data or '
+                      'settings. Use another --out.')
+    return name, found
+  present = [p for p in plan if shard_name(*p[:3]) in have]
+  if not present:
+    return {}
+  with concurrent.futures.ThreadPoolExecutor(min(16, len(present))) as pool:
+    return dict(pool.map(lambda p: check(*p), present))
 
 
 def tokenize(data_cfg, out: str, *, workers: int | None = None, progress: bool = True) -> dict:
   """Tokenizes the source of `data_cfg` into shards under `out` (see the module docstring);
   returns the manifest. Shards already there are kept (a resumed run); the manifest is written
-  last."""
+  last. `workers` processes (default: one per core) tokenize one shard each at a time."""
   if data_cfg.source in ('tokenized', 'synthetic'):
     raise DataError(f"--mode=tokenize reads a text source; data.source={data_cfg.source!r} is not "
                     'one (set --config.data.source to text, jsonl, parquet, arrayrecord, ...).')
@@ -115,54 +238,88 @@ def tokenize(data_cfg, out: str, *, workers: int | None = None, progress: bool =
   docs = load_documents(data_cfg)
   train_ids, val_ids = split_documents(len(docs), data_cfg.val_fraction)
   plan = _plan(train_ids, val_ids, per_shard)
+  # What makes a shard's bytes (the source's path may be written differently on a rerun).
+  counts = {'format': FORMAT, 'source': data_cfg.source, 'num_documents': len(docs),
+            'val_fraction': float(data_cfg.val_fraction), 'shard_documents': per_shard,
+            'tokenizer_fingerprint': tokenizer_fingerprint(tokenizer)}
   have = set(storage.listdir(out))
-  for name in have:             # a killed run's unfinished shard (local: a temporary name)
-    if f'.{_EXT}.tmp' in name:
+  for name in sorted(have):
+    if _STALE.match(name):    # a killed run's unfinished file (local: a temporary name)
       storage.remove(storage.join(out, name))
-  todo = [(split, k, n, ids) for split, k, n, ids in plan if shard_name(split, k, n) not in have]
-  done = {}                     # name -> (documents, tokens)
-  for split, k, n, ids in plan:
-    name = shard_name(split, k, n)
-    if name in have:
-      count = _count(storage.join(out, name))
-      if count[0] != len(ids):
-        raise DataError(f'{storage.join(out, name)} holds {count[0]} documents, not the '
-                        f'{len(ids)} this source and data.shard_documents put there: --out holds '
-                        'shards of other data or settings. Use another --out.')
-      done[name] = count
-  bar = _bar(len(docs), sum(n_docs for n_docs, _ in done.values()), progress)
-  workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
-  start, tokens_new = time.time(), 0
-  if todo:
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-      futures = [pool.submit(_write_shard, docs, tokenizer, ids, out, shard_name(split, k, n))
-                 for split, k, n, ids in todo]
-      for future in concurrent.futures.as_completed(futures):
-        name, n_docs, n_tokens = future.result()
-        done[name] = (n_docs, n_tokens)
-        tokens_new += n_tokens
-        bar.update(n_docs)
-        bar.set_postfix_str(f'{tokens_new / max(time.time() - start, 1e-9):,.0f} tokens/s')
-  bar.close()
+  done = _published(out, plan, have, counts)   # name -> (documents, tokens)
+  todo = [(split, k, n, ids) for split, k, n, ids in plan if shard_name(split, k, n) not in done]
+  initial = sum(n_docs for n_docs, _ in done.values())
+  bar = _bar(len(docs), initial, progress)
+  try:
+    if todo:
+      _run(todo, docs, tokenizer, out, counts, workers, bar, initial, done)
+  finally:
+    bar.close()
   manifest = {
       'format': FORMAT, 'source': data_cfg.source, 'path': data_cfg.path,
-      'text_field': data_cfg.get('text_field', ''), 'tokenizer': tokenizer.name,
+      'text_field': data_cfg.get('text_field', ''),
+      **({'hf_config': data_cfg.get('hf_config', ''), 'hf_split': data_cfg.get('hf_split', '')}
+         if data_cfg.source == 'hf' else {}),
+      'tokenizer': tokenizer.name,
       'data_tokenizer': data_cfg.tokenizer, 'vocab_size': tokenizer.vocab_size,
-      'bos_id': int(tokenizer.bos_id), 'num_documents': len(docs),
-      'val_fraction': float(data_cfg.val_fraction), 'shard_documents': per_shard,
-      'shards': {split: [dict(name=shard_name(split, k, n), documents=done[shard_name(split, k, n)][0],
-                              tokens=done[shard_name(split, k, n)][1])
-                         for s, k, n, _ in plan if s == split] for split in ('train', 'val')},
+      'bos_id': int(tokenizer.bos_id), 'tokenizer_fingerprint': counts['tokenizer_fingerprint'],
+      'num_documents': len(docs), 'val_fraction': float(data_cfg.val_fraction),
+      'shard_documents': per_shard,
+      'shards': {'train': [], 'val': []},
   }
+  for split, k, n, _ in plan:
+    name = shard_name(split, k, n)
+    manifest['shards'][split].append({'name': name, 'documents': done[name][0],
+                                      'tokens': done[name][1]})
+  manifest['num_shards'] = {split: len(shards) for split, shards in manifest['shards'].items()}
   manifest['num_tokens'] = {split: sum(s['tokens'] for s in shards)
                             for split, shards in manifest['shards'].items()}
   storage.write(storage.join(out, MANIFEST), json.dumps(manifest, indent=1))
   return manifest
 
 
+def _run(todo: list[tuple], docs: Documents, tokenizer: Tokenizer, out: str, counts: dict,
+         workers: int | None, bar, initial: int, done: dict):
+  """The shards of `todo`, by `workers` processes; `done` gets each as it is published."""
+  ctx = multiprocessing.get_context()
+  progress = ctx.Array('q', 2)            # documents, tokens written by the workers
+  tmp_dir = _local_tmp_dir(out) if storage.is_remote(out) else None
+  workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+  pool = concurrent.futures.ProcessPoolExecutor(
+      max_workers=workers, mp_context=ctx, initializer=_init_worker,
+      initargs=(docs, tokenizer, progress, os.getpid()))
+  start, shown = time.time(), initial
+  try:
+    pending = {pool.submit(_write_shard, ids, out, shard_name(split, k, n), counts, tmp_dir)
+               for split, k, n, ids in todo}
+    while pending:
+      finished, pending = concurrent.futures.wait(
+          pending, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED)
+      for future in finished:
+        name, n_docs, n_tokens = future.result()
+        done[name] = (n_docs, n_tokens)
+      with progress.get_lock():
+        n_docs, n_tokens = progress[0], progress[1]
+      bar.update(initial + n_docs - shown)
+      shown = initial + n_docs
+      seconds = max(time.time() - start, 1e-9)
+      bar.set_postfix_str(f'{_si(n_tokens / seconds)} tokens/s, {_si(n_tokens)} tokens, '
+                          f'shards {len(done)}/{len(done) + len(pending)}', refresh=False)
+  finally:   # an error: the shards not started are not started
+    pool.shutdown(wait=True, cancel_futures=True)
+    if tmp_dir:
+      shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _si(x: float) -> str:
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm.format_sizeof(x)
+
+
 def _bar(total: int, initial: int, enabled: bool):
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  return tqdm(total=total, initial=initial, unit='doc', disable=not enabled, dynamic_ncols=True)
+  return tqdm(total=total, initial=initial, unit='doc', unit_scale=True, disable=not enabled,
+              dynamic_ncols=True, desc='tokenize')
 
 
 def read_manifest(path: str) -> dict:
@@ -189,21 +346,25 @@ class TokenDocuments(Documents):
   def __init__(self, data_cfg, tokenizer: Tokenizer):
     self.path = data_cfg.path
     m = read_manifest(self.path)
-    if (m['tokenizer'], m['vocab_size']) != (tokenizer.name, tokenizer.vocab_size):
+    # The same token ids of a fixed text, not the same name: 'hf:tokenizer.json' names any BPE.
+    if (m['vocab_size'], m['bos_id'], m['tokenizer_fingerprint']) != (
+        tokenizer.vocab_size, tokenizer.bos_id, tokenizer_fingerprint(tokenizer)):
       raise DataError(
-          f'{self.path} was tokenized with {m["tokenizer"]} ({m["vocab_size"]} tokens, '
-          f'data.tokenizer={m["data_tokenizer"]!r}), but this run\'s data.tokenizer is '
-          f'{tokenizer.name} ({tokenizer.vocab_size} tokens); set --config.data.tokenizer to the '
-          'one it was tokenized with, or tokenize again with this one.')
+          f'{self.path} was tokenized with {m["tokenizer"]} (data.tokenizer='
+          f'{m["data_tokenizer"]!r}, {m["vocab_size"]} tokens, fingerprint '
+          f'{m["tokenizer_fingerprint"]}), but this run\'s data.tokenizer={data_cfg.tokenizer!r} '
+          f'is {tokenizer.name} ({tokenizer.vocab_size} tokens, fingerprint '
+          f'{tokenizer_fingerprint(tokenizer)}): another tokenizer. Set --config.data.tokenizer '
+          'to the one it was tokenized with, or tokenize again with this one.')
     if float(data_cfg.val_fraction) != m['val_fraction']:
       raise DataError(f'{self.path} was split with data.val_fraction={m["val_fraction"]}; this '
                       f'run asks {data_cfg.val_fraction}. Set --config.data.val_fraction='
                       f'{m["val_fraction"]} (the split is fixed when tokenizing).')
     self.name = f'data.path={self.path!r} (tokenized from {m["source"]} {m["path"]!r})'
     self.info = {'files': sum(len(s) for s in m['shards'].values()),
-                 'tokenized_from': {'source': m['source'], 'path': m['path']},
-                 'tokens': m['num_tokens']}
+                 'tokenized_from': {'source': m['source'], 'path': m['path']}}
     self.sizes = None
+    self.split_tokens = {split: int(m['num_tokens'][split]) for split in ('train', 'val')}
     self._n = int(m['num_documents'])
     train_ids, val_ids = split_documents(self._n, m['val_fraction'])
     counts = {split: sum(s['documents'] for s in m['shards'][split]) for split in m['shards']}
@@ -214,21 +375,36 @@ class TokenDocuments(Documents):
     self._record = np.empty(self._n, np.int64)
     self._record[train_ids] = np.arange(len(train_ids))
     self._record[val_ids] = len(train_ids) + np.arange(len(val_ids))
-    self._files = [storage.join(self.path, s['name']) for split in ('train', 'val')
-                   for s in m['shards'][split]]
-    self._src = None
+    listed = set(storage.listdir(self.path))
+    missing = [s['name'] for split in ('train', 'val') for s in m['shards'][split]
+               if s['name'] not in listed]
+    if missing:
+      raise DataError(f'{self.path} lacks {len(missing)} of the shards its manifest lists '
+                      f'({", ".join(missing[:3])}{", ..." if len(missing) > 3 else ""}); run the '
+                      '--mode=tokenize command that wrote it again (it writes only what is '
+                      'missing), or set --config.data.path to a complete folder.')
+    # 'file[0:n]': the record counts from the manifest, so no shard is opened before it is read
+    # (each process opens only the shards of the documents it reads, when it first reads one)
+    self._files = [f'{storage.join(self.path, s["name"])}[0:{s["documents"]}]'
+                   for split in ('train', 'val') for s in m['shards'][split]]
+    self._src, self._lock = None, threading.Lock()
 
   def _source(self):
     if self._src is None:
-      import grain  # pylint: disable=g-import-not-at-top
-      try:
-        self._src = grain.sources.ArrayRecordDataSource(self._files)
-      except Exception as e:  # pylint: disable=broad-except
-        raise DataError(f'{self.name}: cannot open its shards ({e}); tokenize again.') from e
+      with self._lock:      # grain's reader threads
+        if self._src is None:
+          import grain  # pylint: disable=g-import-not-at-top
+          try:
+            self._src = grain.sources.ArrayRecordDataSource(self._files)
+          except Exception as e:  # pylint: disable=broad-except
+            raise DataError(f'{self.name}: cannot open its shards ({e}); tokenize again.') from e
     return self._src
 
   def __getstate__(self):
-    return {k: v for k, v in self.__dict__.items() if k != '_src'} | {'_src': None}
+    return {k: v for k, v in self.__dict__.items() if k not in ('_src', '_lock')}
+
+  def __setstate__(self, state):
+    self.__dict__.update(state, _src=None, _lock=threading.Lock())
 
   def __len__(self):
     return self._n
