@@ -130,6 +130,34 @@ def _has_sink(res: Result):
   return None if f is None else float(f >= SINK_F_ATTN)
 
 
+def _sink_layers(res: Result):
+  """Per layer, 1.0 where that layer's final F-Attn reaches SINK_F_ATTN: a gate can move the sink
+  to a later layer instead of removing it, which the largest-layer count does not show."""
+  f = _from_report('f_attn')(res)
+  return None if f is None else [float(x is not None and x >= SINK_F_ATTN) for x in f]
+
+
+def _sink_layer(res: Result):
+  """Where the seed's sink is: the layer of its largest F-Attn if that reaches SINK_F_ATTN
+  ('none' otherwise)."""
+  f = _from_report('f_attn')(res)
+  if not f:
+    return None
+  layer = int(np.argmax([-1.0 if x is None else x for x in f]))
+  return f'L{layer}' if f[layer] is not None and f[layer] >= SINK_F_ATTN else 'none'
+
+
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+  """The Wilson score interval (95% for z = 1.96) of a rate k / n: where a formation rate
+  measured on n seeds can lie (exact enough at small n, unlike k/n ± z·se)."""
+  if n == 0:
+    return 0.0, 1.0
+  p = k / n
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  return max(0.0, float(centre - half)), min(1.0, float(centre + half))
+
+
 def _copy_share(res: Result):
   d = (res.report or {}).get('data_description') or {}
   return d.get('trigger_fraction')
@@ -154,6 +182,10 @@ METRICS = {
     # the synthetic task's measured share of targets that follow a trigger
     'f_attn_max_during': ('F-Attn max during training', _f_attn_max_during, '.3f'),
     'copy_share': ('copy share', _copy_share, '.3f'),
+    # per layer: the seeds whose F-Attn there reaches SINK_F_ATTN, with the rate's 95% interval
+    'sink_layers': (f'seeds with F-Attn >= {SINK_F_ATTN}, by layer (95% interval)', _sink_layers,
+                    'layer_count'),
+    'sink_layer': ('sink layer (largest F-Attn)', _sink_layer, 'mode'),
     # the largest activation: the seeds whose peak is born on the first token (BOS), and where
     'm_act_bos': ('M-Act peak on token 0', _origin('first_token'), 'count'),
     'm_act_origin': ('M-Act peak born at', _origin_label, 'mode'),
@@ -203,6 +235,14 @@ def _cell(values: list, fmt: str, per_seed: bool = False) -> str:
     return '-'
   if fmt == 'count':
     return f'{int(sum(bool(v) for v in values))}/{len(values)}'
+  if fmt == 'layer_count':  # per-layer 0/1 values: each layer's count and its Wilson interval
+    n = len(values)
+    cells = []
+    for layer, hits in enumerate(zip(*values)):
+      k = int(sum(bool(h) for h in hits))
+      lo, hi = wilson_interval(k, n)
+      cells.append(f'L{layer} {k}/{n} [{lo:.2f}, {hi:.2f}]')
+    return ', '.join(cells)
   if fmt == 'mode':
     counts = {v: values.count(v) for v in values}
     return ', '.join(f'{v} ({n}/{len(values)})' for v, n in
@@ -254,7 +294,7 @@ def summary(experiment, results: list[Result]) -> dict:
       values = [get(r) for r in done]
       entry[name] = {'values': values}
       kept = [v for v in values if v is not None]
-      if kept and METRICS[name][2] in ('count', 'mode'):
+      if kept and METRICS[name][2] in ('count', 'mode', 'layer_count'):
         entry[name]['cell'] = _cell(kept, METRICS[name][2])
       elif kept:
         arr = np.asarray(kept, float)

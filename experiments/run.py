@@ -671,7 +671,11 @@ def main(argv=None) -> int:
       return 2
     runs = [r for r in runs if r.name in names]
   if args.print_commands:
-    print_commands(experiment, runs, out, args)
+    try:
+      print_commands(experiment, runs, out, args)
+      sys.stdout.flush()
+    except BrokenPipeError:   # `| head`: the reader has what it wanted
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
   previous = signal.signal(signal.SIGTERM, _on_sigterm)
   try:

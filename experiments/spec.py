@@ -121,8 +121,96 @@ def _module(path: str):
                           'experiments/sink_synthetic.py.')
   spec = importlib.util.spec_from_file_location(f'_experiment_{abs(hash(path))}', path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except SyntaxError as e:
+    raise ExperimentError(f'{path} does not parse: {e.msg} at line {e.lineno}: '
+                          f'{(e.text or "").strip()}') from e
+  except Exception as e:  # pylint: disable=broad-except  # the file's own code raised
+    where = _where(path, e)
+    raise ExperimentError(f'{path} raised {type(e).__name__} when it was read{where}: {e}. Fix '
+                          'the file (an experiment file only sets module-level names).') from e
   return module
+
+
+def _where(path: str, e: BaseException) -> str:
+  """' (line N: code)' of the innermost frame of `e` in `path`."""
+  import traceback  # pylint: disable=g-import-not-at-top
+  frames = [f for f in traceback.extract_tb(e.__traceback__)
+            if os.path.abspath(f.filename) == os.path.abspath(path)]
+  return f' (line {frames[-1].lineno}: {frames[-1].line})' if frames else ''
+
+
+_SCALAR = (bool, int, float, str)
+
+
+def _overrides(path: str, name: str, value) -> dict:
+  """A dict of 'section.field' -> a number, string or bool (what --config.X= takes)."""
+  if not isinstance(value, dict):
+    raise ExperimentError(f'{path}: {name} must be a dict of overrides, e.g. '
+                          f"{{'train.steps': 600}}; it is a {type(value).__name__}.")
+  for key, v in value.items():
+    if not isinstance(key, str) or not key or key.startswith('.') or ' ' in key:
+      raise ExperimentError(f'{path}: {name} has the key {key!r}; keys are config fields such '
+                            "as 'train.steps'.")
+    if not isinstance(v, _SCALAR):
+      raise ExperimentError(f'{path}: {name}[{key!r}] = {v!r} is a {type(v).__name__}; give a '
+                            'number, string or bool (what --config.X=... takes).')
+  return dict(value)
+
+
+def _names(path: str, name: str, value, default) -> list[str]:
+  value = default if value is None else value
+  if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(
+      isinstance(v, str) for v in value):
+    example = list(default)[:2] or ['baseline']
+    raise ExperimentError(f'{path}: {name} must be a list of names, e.g. {example}; it is '
+                          f'{value!r}.')
+  return list(value)
+
+
+def _seeds(path: str, value) -> list[int]:
+  if (isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, range))
+      or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)):
+    raise ExperimentError(f'{path}: SEEDS must be a list of distinct integers, e.g. [0, 1, 2]; '
+                          f'it is {value!r}.')
+  return [int(s) for s in value]
+
+
+def _check_keys(path: str, variants, scale, override_sets):
+  """Every override names a field of each variant's config (a typo such as 'train.stepz' would
+  fail every run at its start)."""
+  for variant in variants:
+    try:
+      file = os.path.join(REPO, 'configs', f'{variant}.py')
+      module_spec = importlib.util.spec_from_file_location(f'_config_{variant}', file)
+      module = importlib.util.module_from_spec(module_spec)
+      module_spec.loader.exec_module(module)
+      config = module.get_config(scale)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ExperimentError(f'{path}: configs/{variant}.py:{scale} cannot be made: '
+                            f'{type(e).__name__}: {e}') from e
+    flat = _flat(config.to_dict())
+    for name, overrides in override_sets:
+      unknown = [k for k in overrides if k not in flat and not _under_dict(flat, k)]
+      if unknown:
+        raise ExperimentError(f'{path}: {name} names {unknown}, which configs/{variant}.py does '
+                              'not have; check the spelling (configs/base.py lists the fields).')
+
+
+def _flat(d: dict, prefix: str = '') -> dict:
+  out = {}
+  for k, v in d.items():
+    out[prefix + k] = v
+    if isinstance(v, dict):
+      out.update(_flat(v, f'{prefix}{k}.'))
+  return out
+
+
+def _under_dict(flat: dict, key: str) -> bool:
+  """A key under a free-form dict field of the config (one whose keys are not fixed)."""
+  parent = key.rsplit('.', 1)[0] if '.' in key else ''
+  return parent in flat and isinstance(flat[parent], dict) and not flat[parent]
 
 
 def _check_long_context(path: str, m):
@@ -143,6 +231,8 @@ def _check_points(path: str, points) -> list[dict]:
   if not isinstance(points, (list, tuple)) or not all(isinstance(p, dict) for p in points):
     raise ExperimentError(f'{path}: POINTS must be a list of dicts of overrides, e.g. '
                           "[{}, {'model.num_heads': 2}].")
+  for i, p in enumerate(points):
+    _overrides(path, f'POINTS[{i}]', p)
   labels = [_point_label(p) for p in points]
   if len(set(labels)) != len(labels):
     raise ExperimentError(f'{path}: POINTS has a repeated point ({labels}); each names a group.')
@@ -154,7 +244,7 @@ def _point_label(point: dict) -> str:
 
 
 def _check(path: str, variants, seeds, columns, known_columns):
-  if not variants:
+  if not isinstance(variants, list) or not variants:
     raise ExperimentError(f'{path}: VARIANTS must list at least one config name.')
   for v in variants:
     if not os.path.isfile(os.path.join(REPO, 'configs', f'{v}.py')):
@@ -169,13 +259,33 @@ def _check(path: str, variants, seeds, columns, known_columns):
 def load(path: str, known_columns) -> Experiment:
   """Reads and checks an experiment file; `known_columns` are the metric names of the table."""
   m = _module(path)
-  variants, seeds = list(getattr(m, 'VARIANTS', [])), [int(s) for s in getattr(m, 'SEEDS', [0])]
-  columns = list(getattr(m, 'COLUMNS', DEFAULT_COLUMNS))
+  variants = _names(path, 'VARIANTS', getattr(m, 'VARIANTS', []), [])
+  seeds = _seeds(path, getattr(m, 'SEEDS', [0]))
+  columns = _names(path, 'COLUMNS', getattr(m, 'COLUMNS', None), DEFAULT_COLUMNS)
   _check(path, variants, seeds, columns, known_columns)
-  common, grid = dict(getattr(m, 'OVERRIDES', {})), dict(getattr(m, 'GRID', {}))
-  per_variant = dict(getattr(m, 'VARIANT_OVERRIDES', {}))
+  scale = getattr(m, 'SCALE', 'tiny')
+  if not isinstance(scale, str):
+    raise ExperimentError(f'{path}: SCALE must be a string such as \'tiny\'; it is {scale!r}.')
+  common = _overrides(path, 'OVERRIDES', getattr(m, 'OVERRIDES', {}))
+  grid = getattr(m, 'GRID', {})
+  if not isinstance(grid, dict) or not all(
+      isinstance(vs, (list, tuple)) and vs for vs in grid.values()):
+    raise ExperimentError(f'{path}: GRID must be a dict of a field to a non-empty list of values, '
+                          f"e.g. {{'train.learning_rate': [1e-3, 3e-3]}}; it is {grid!r}.")
+  _overrides(path, 'GRID', {k: v for k, vs in grid.items() for v in vs})
+  per_variant = getattr(m, 'VARIANT_OVERRIDES', {})
+  if not isinstance(per_variant, dict) or set(per_variant) - set(variants):
+    raise ExperimentError(f'{path}: VARIANT_OVERRIDES must be a dict from names in VARIANTS to '
+                          f'dicts of overrides; it is {per_variant!r}.')
+  per_variant = {v: _overrides(path, f'VARIANT_OVERRIDES[{v!r}]', o)
+                 for v, o in per_variant.items()}
   points = _check_points(path, getattr(m, 'POINTS', []))
-  per_seed = tuple(getattr(m, 'PER_SEED', ()))
+  analyze_overrides = _overrides(path, 'ANALYZE_OVERRIDES', getattr(m, 'ANALYZE_OVERRIDES', {}))
+  _check_keys(path, variants, scale, [('OVERRIDES', common), ('GRID', grid),
+                                      ('ANALYZE_OVERRIDES', analyze_overrides)]
+              + [(f'VARIANT_OVERRIDES[{v!r}]', o) for v, o in per_variant.items()]
+              + [(f'POINTS[{i}]', p) for i, p in enumerate(points)])
+  per_seed = tuple(_names(path, 'PER_SEED', getattr(m, 'PER_SEED', None), ()))
   if set(per_seed) - set(columns):
     raise ExperimentError(f'{path}: PER_SEED names {sorted(set(per_seed) - set(columns))}, '
                           'which are not in COLUMNS.')
@@ -192,8 +302,8 @@ def load(path: str, known_columns) -> Experiment:
   doc = (m.__doc__ or '').strip()
   return Experiment(name=name, path=path, title=getattr(m, 'TITLE', doc.split('\n')[0] or name),
                     description=getattr(m, 'DESCRIPTION', '\n'.join(doc.split('\n')[1:]).strip()),
-                    scale=getattr(m, 'SCALE', 'tiny'), runs=runs, columns=columns,
-                    analyze_overrides=dict(getattr(m, 'ANALYZE_OVERRIDES', {})),
+                    scale=scale, runs=runs, columns=columns,
+                    analyze_overrides=analyze_overrides,
                     per_seed=per_seed,
                     extend=str(getattr(m, 'EXTEND', '')),
                     long_context=_check_long_context(path, m),

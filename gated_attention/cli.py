@@ -252,7 +252,7 @@ def dispatch(args: modes.Args):
              'that seed\'s directory as --workdir.')
   from gated_attention import compilation_cache  # pylint: disable=g-import-not-at-top
   compilation_cache.enable(args.config.get('compilation_cache', ''))
-  if mode.name == 'train' and not FLAGS['verbosity'].present:
+  if mode.name in ('train', 'import') and not FLAGS['verbosity'].present:  # they write checkpoints
     first = (next(iter(rundir.seed_workdirs(args.workdir, args.seeds).values())) if args.seeds
              else args.workdir)    # several seeds: the libraries' logs go to the first's logs/
     _libraries_log_to(_join(first, rundir.LOGS_DIR))

@@ -27,6 +27,7 @@ import glob as glob_lib
 import os
 import posixpath
 import re
+import tempfile
 
 from gated_attention.errors import UserError
 
@@ -462,6 +463,25 @@ def check_reachable(path: str, *, write: bool):
                    f'.write_probe.{os.getpid()}')
     probe.write(b'', if_generation=0)
     probe.delete(if_generation=probe.generation())
+
+
+def check_writable(directory: str, what: str, fix: str):
+  """Raises a one-paragraph StorageError if `what` cannot be written into the local folder
+  `directory` (created if missing): a read-only filesystem, a full disk, no permission. Found by
+  writing and removing a probe file, before the work that would write there. Remote paths: the
+  bucket check (check_reachable)."""
+  if is_remote(directory):
+    check_reachable(directory, write=True)
+    return
+  try:
+    os.makedirs(_local(directory), exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix='.write_probe.', dir=_local(directory))
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    reason = e.strerror or type(e).__name__
+    raise StorageError(f'Cannot write {what} to {directory}: {reason}'
+                       f'{f" ({e.filename})" if e.filename else ""}. {fix}') from e
 
 
 # --- one local file published whole (input_pipeline/tokenized.py's shards) ------------------

@@ -221,6 +221,24 @@ def test_mean_and_std_cells():
       'L0 ffn_out (2/3), L1 attn_out (1/3)')
 
 
+def test_sinks_counted_per_layer_with_wilson_intervals():
+  """Issue 39 (3): a seed's sink is counted in each layer whose F-Attn reaches 0.3, and the
+  formation rate gets its 95% Wilson interval (published values: 5/10 -> [0.237, 0.763],
+  0/12 -> [0, 0.243], 12/12 -> [0.757, 1])."""
+  for (k, n), (lo, hi) in {(5, 10): (0.2366, 0.7634), (0, 12): (0.0, 0.2425),
+                           (12, 12): (0.7575, 1.0)}.items():
+    assert report.wilson_interval(k, n) == pytest.approx((lo, hi), abs=1e-4)
+  reports = [{'f_attn': [0.9, 0.1]}, {'f_attn': [0.05, 0.35]}, {'f_attn': [0.29, 0.3]}]
+  results = [report.Result(run=None, runner={}, report=r, rows=[]) for r in reports]
+  per_layer = [report.METRICS['sink_layers'][1](r) for r in results]
+  assert per_layer == [[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]
+  assert report._cell(per_layer, 'layer_count') == ('L0 1/3 [0.06, 0.79], '
+                                                     'L1 2/3 [0.21, 0.94]')
+  assert [report.METRICS['sink_layer'][1](r) for r in results] == ['L0', 'L1', 'L1']
+  none = report.Result(run=None, runner={}, report={'f_attn': [0.1, 0.2]}, rows=[])
+  assert report.METRICS['sink_layer'][1](none) == 'none'
+
+
 def _m_act_report(values, tokens, texts):
   """A report's m_act / m_act_where for 2 layers; values[site] = [layer 0, layer 1]."""
   return {'m_act': values,

@@ -200,6 +200,7 @@ def kill_when(cmd, env, ready, log, timeout=300):
   assert proc.returncode == -signal.SIGKILL
 
 
+@pytest.mark.slow  # the default run has it on gs:// (test_storage_runs.py) and SIGTERM mid-save
 def test_kill9_mid_save_resumes_bitwise(env, reference, tmp_path):
   """One kill while checkpoint 20 is written; the same command again finishes the run."""
   workdir = str(tmp_path / 'run')

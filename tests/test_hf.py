@@ -571,7 +571,7 @@ def test_a_byte_tokenizer_run_exported_and_imported_back_can_be_analysed(tmp_pat
   for name in ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json'):
     os.remove(bare / name)
   assert interop.import_run(str(bare), str(root / 'bare_run'))['tokenizer'] == ''
-  with pytest.raises(Exception, match='data.tokenizer is empty'):
+  with pytest.raises(runs.RunError, match='records no tokenizer .* --config.data.tokenizer=byte'):
     analyze.run(str(root / 'bare_run'), overrides=small)
   report = analyze.run(str(root / 'bare_run'), overrides={**small, 'data.tokenizer': 'byte'})
   assert report['tokenizer'] == 'byte'

@@ -13,7 +13,8 @@ when they equal the saved values (so the training command line works as it is) a
 all of them listed, when they differ. The --config file itself is ignored (a note is printed
 when its model differs from the run's).
 
-Writes RUN/analysis/ (analysis/analyze.py: report.json, attention_maps.npz, the figures).
+Writes RUN/analysis/ (analysis/analyze.py: report.json, attention_maps.npz, the figures), or
+--out=DIR for a run that is read-only (checked before any work).
 """
 
 import json
@@ -75,6 +76,10 @@ def run(workdir: str, *, config=None, overrides: dict | None = None,
         'end).')
   opts = analyze.options(config, overrides, options)
   cfg = _config(saved, config, overrides, opts)
+  rundir.check_tokenizer(workdir, cfg, 'the analysis (held-out text)')
+  if jax.process_index() == 0:   # a read-only run (a mounted bucket, a colleague's folder)
+    storage.check_writable(out_dir or rundir.analysis_dir(workdir), 'the analysis',
+                           'Pass --out=DIR to write it elsewhere (the run is only read).')
   data = input_pipeline.build_data(
       cfg.data, global_batch_size=cfg.train.batch_size, seed=cfg.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
@@ -127,4 +132,5 @@ def _analyse(workdir, cfg, factory, params, step, data, opts, out_dir, t0) -> di
 
 
 def main(args):
-  run(args.workdir, config=args.config if args.config_given else None, overrides=args.overrides)
+  run(args.workdir, config=args.config if args.config_given else None, overrides=args.overrides,
+      out_dir=args.out or None)

@@ -30,6 +30,7 @@ def run(workdir: str, *, overrides: dict | None = None) -> dict:
   cfg = sample.run_config(workdir, overrides)
   opts = cfg.long_context
   lengths = long_context.evaluated_lengths(opts, cfg.data.seq_len)
+  rundir.check_tokenizer(workdir, cfg, '--mode=long_context')
   run_ = rundir.load_run(workdir, None if opts.step < 0 else opts.step, config=cfg)
   data = input_pipeline.build_data(cfg.data, global_batch_size=1, seed=cfg.seed)
   gen = generate.Generator(run_.model, max_len=max(lengths) + 64, chunk=opts.chunk)

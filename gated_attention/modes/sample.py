@@ -30,7 +30,9 @@ def sample(workdir: str, prompts: list[str], *, max_new_tokens: int, temperature
     raise generate.GenerateError('--mode=sample needs at least one --prompt="...".')
   if max_new_tokens < 1:
     raise generate.GenerateError(f'--max_new_tokens={max_new_tokens} must be at least 1.')
-  run = rundir.load_run(workdir, step, config=run_config(workdir, overrides))
+  config = run_config(workdir, overrides)
+  rundir.check_tokenizer(workdir, config, '--mode=sample')
+  run = rundir.load_run(workdir, step, config=config)
   tok = run.tokenizer
   ids = [[int(i) for i in tok.encode_doc(p)] for p in prompts]
   gen = generate.Generator(run.model, max_len=max(map(len, ids)) + max_new_tokens)

@@ -101,6 +101,28 @@ class Restored:
   warm: bool                    # a warm start: parameters only, fresh optimizer and data
 
 
+# model setting -> (parameter path, axis) whose size it is (the stacked-layer layout)
+_SETTING_AXES = {
+    'num_layers': ("['blocks']['attn']['wq']", 0),
+    'hidden_size': ("['embed']['embedding']", 1),
+    'vocab_size': ("['embed']['embedding']", 0),
+    'num_heads': ("['blocks']['attn']['wq']", 2),
+    'head_dim': ("['blocks']['attn']['wq']", 3),
+    'num_kv_heads': ("['blocks']['attn']['wk']", 2),
+    'ffn_size': ("['blocks']['ffn']['wi_gate']", -1),
+}
+
+
+def _settings(shapes: dict) -> dict:
+  """The model settings read off parameter shapes {keystr: shape} (those present)."""
+  out = {}
+  for name, (path, axis) in _SETTING_AXES.items():
+    shape = shapes.get(path)
+    if shape and len(shape) > (axis if axis >= 0 else -axis - 1):
+      out[name] = shape[axis]
+  return out
+
+
 class Checkpointer:
   """The orbax CheckpointManager of one workdir: `save`, `restore_latest`, `restore_params`."""
 
@@ -326,15 +348,20 @@ class Checkpointer:
     have, want = shapes(saved), shapes(abstract_params)
     diffs = [f'params{k}: saved {have.get(k, "absent")}, this config {want.get(k, "absent")}'
              for k in sorted(set(have) | set(want)) if have.get(k) != want.get(k)]
+    if diffs:   # the model settings behind the shapes, where they can be read off them
+      s_have, s_want = _settings(have), _settings(want)
+      named = [f'model.{k}: checkpoint {s_have[k]}, this config {s_want[k]}'
+               for k in s_have if k in s_want and s_have[k] != s_want[k]]
+      diffs = named + diffs if named else diffs
     return diffs
 
   def check_shapes(self, step: int, abstract_params: dict):
     diffs = self.shape_differences(step, abstract_params)
     if diffs:
-      more = f' (and {len(diffs) - 4} more)' if len(diffs) > 4 else ''
+      more = f' (and {len(diffs) - 3} more)' if len(diffs) > 3 else ''
       raise CheckpointError(
           f'Checkpoint {step} in {self.directory} holds a model of other shapes than this config: '
-          f'{"; ".join(diffs[:4])}{more}. The checkpoint is intact and was left as it is. The '
+          f'{"; ".join(diffs[:3])}{more}. The checkpoint is intact and was left as it is. The '
           'config differs from the one the run was trained with (is its config.json missing or '
           'replaced?): resume with the run\'s own settings (the same --config and --config.model.* '
           'overrides), or train the new shape in a new --workdir, with '

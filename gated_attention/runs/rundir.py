@@ -485,8 +485,21 @@ class Run:
 
 
 def _tokenizer(config):
+  """The run's tokenizer; None for a run that records none (imported from a Hugging Face folder
+  without tokenizer.json): its parameters still open (export, the notebook)."""
+  if config.data.get('source') != 'synthetic' and not config.data.get('tokenizer'):
+    return None
   import input_pipeline  # pylint: disable=g-import-not-at-top
   return input_pipeline.data_tokenizer(config.data)
+
+
+def check_tokenizer(workdir: str, config, what: str):
+  """Refuses `what` (text in, text out) for a run that records no tokenizer, naming the fix."""
+  if config.data.get('source') != 'synthetic' and not config.data.get('tokenizer'):
+    raise RunError(
+        f'The run in {workdir} records no tokenizer (it was imported from a Hugging Face folder '
+        f'without tokenizer.json), so {what} cannot turn text into tokens. Name the one the model '
+        'was trained with: --config.data.tokenizer=byte, or a tokenizer.json / .model path.')
 
 
 def _factory(config):

@@ -410,21 +410,28 @@ def run(config, workdir: str, on_finish=None) -> dict:
   interrupt = _Interrupt()
   try:
     val = _train(state, interrupt)
-  finally:
+  except BaseException:   # the first error is the one reported; closing must not hide it
     interrupt.restore()
-    _close(state)
+    _close(state, raise_errors=False)
+    raise
+  interrupt.restore()
+  _close(state)
   if (on_finish is not None and interrupt.signal is None
       and state.step == config.train.steps == workdir_lib.latest_step(workdir)):
     on_finish(Finished(workdir, state.step, state.params, state.setup, state.data))
   return val or {}
 
 
-def _close(run: _Run):
-  """Stops the prefetch thread, waits for the last save, closes the files, frees the lock."""
-  try:
-    run.data.train_iter.shutdown()
-    run.checkpointer.close()
-  finally:
-    run.progress.close()
-    run.writer.close()
-    run.lock.release()
+def _close(run: _Run, raise_errors: bool = True):
+  """Stops the prefetch thread, waits for the last save, closes the files, frees the lock: each
+  step runs whatever the ones before it raised (a full disk fails the files' close, and the lock
+  is freed all the same); the first error is raised afterwards if `raise_errors`."""
+  first = None
+  for close in (run.data.train_iter.shutdown, run.checkpointer.close, run.progress.close,
+                run.writer.close, run.lock.release):
+    try:
+      close()
+    except BaseException as e:  # pylint: disable=broad-except
+      first = first or e
+  if first is not None and raise_errors:
+    raise first

@@ -47,16 +47,20 @@ class _Appender:
 
   def __init__(self, workdir: str):
     path = os.path.join(workdir, rundir.METRICS_FILE)
-    self.file = open(path, 'a')  # pylint: disable=consider-using-with
+    # unbuffered: a write that fails (a full disk) leaves nothing behind for close() to retry
+    self.file = open(path, 'ab', buffering=0)  # pylint: disable=consider-using-with
     if self.file.tell() > 0:
       with open(path, 'rb') as f:
         f.seek(-1, os.SEEK_END)
         if f.read(1) != b'\n':
-          self.file.write('\n')
+          self._write(b'\n')
+
+  def _write(self, data: bytes):
+    while data:
+      data = data[self.file.write(data):]
 
   def write(self, line: str):
-    self.file.write(line)
-    self.file.flush()
+    self._write(line.encode())
 
   def flush(self):
     pass

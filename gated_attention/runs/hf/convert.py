@@ -41,6 +41,11 @@ def read_hf_config(model_dir: str, *, compute_dtype: str = 'float32'):
   """The run config of a HF directory (validates config.json; reads no weights)."""
   hf = _read_json(os.path.join(model_dir, 'config.json'), required=True)
   gen = _read_json(os.path.join(model_dir, 'generation_config.json'), required=False)
+  for name, value in (('config.json', hf), ('generation_config.json', gen)):
+    if not isinstance(value, dict):
+      raise HFFormatError(f'{os.path.join(model_dir, name)} holds a JSON '
+                          f'{type(value).__name__}, not an object of settings; is it the right '
+                          'file?')
   return hf_config.run_config(hf, model_dir, compute_dtype=compute_dtype, generation_config=gen)
 
 
@@ -119,6 +124,19 @@ def _check_out_dir(out_dir: str):
                         'into a new directory.')
 
 
+def check_out_dir(out_dir: str):
+  """Refuses an export directory that is not new or empty, or whose folder cannot be written
+  (read-only, full, no permission), before any work. A symlink counts as the folder it names."""
+  out_dir = os.path.realpath(out_dir)
+  _check_out_dir(out_dir)
+  from gated_attention import storage  # pylint: disable=g-import-not-at-top
+  try:
+    storage.check_writable(os.path.dirname(out_dir), 'the export',
+                           'Pass an --out on a writable disk with room for the weights.')
+  except storage.StorageError as e:
+    raise HFExportError(str(e)) from e
+
+
 def _write_weights(tmp: str, dims: layout.Dims, params: dict, dtype, max_shard_bytes: int):
   """model.safetensors, or model-0000i-of-0000n.safetensors + the index above the limit."""
   entries = layout.entries(dims)
@@ -148,14 +166,47 @@ def _writes_byte_tokenizer(config, tokenizer_dir: str | None) -> bool:
           and config.model.vocab_size >= ByteTokenizer.vocab_size)
 
 
-def _bos_id(config, exports_tokenizer: bool) -> int | None:
-  """The BOS id the run's documents start with (exported as bos and eos: packed documents are
-  separated by BOS alone), when the export holds the run's tokenizer (a HF tokenizer.json or
-  the byte tokenizer's)."""
-  if not exports_tokenizer or config.get('hf'):
+def _bos(config, tokenizer_files: list, byte_tokenizer: bool) -> tuple[str, int] | None:
+  """(token, id) of the BOS the run's documents start with, when the export holds the run's
+  tokenizer (a HF tokenizer.json or the byte tokenizer's): exported as bos and eos (packed
+  documents are separated by BOS alone). An imported run keeps its source's ids where its
+  config.json names them (hf_config.PASSTHROUGH); this fills the ones it does not."""
+  if not (tokenizer_files or byte_tokenizer):
     return None
   from input_pipeline import make_tokenizer  # pylint: disable=g-import-not-at-top
-  return int(make_tokenizer(str(config.data.tokenizer)).bos_id)
+  tok = make_tokenizer(str(config.data.tokenizer) if not tokenizer_files
+                       else tokenizer_files[0][0])
+  return getattr(tok, 'bos_token', None), int(tok.bos_id)
+
+
+def _names_bos(out_dir: str) -> bool:
+  """Whether the exported tokenizer_config.json names a BOS token (transformers reads it)."""
+  path = os.path.join(out_dir, 'tokenizer_config.json')
+  try:
+    with open(path) as f:
+      cfg = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return isinstance(cfg, dict) and bool(cfg.get('bos_token'))
+
+
+def _tokenizer_config(out_dir: str, bos_token: str) -> dict:
+  """tokenizer_config.json naming the run's BOS (also as EOS: documents are separated by BOS
+  alone), on top of the exported one if there is one: without it transformers loads a bare
+  tokenizer.json with bos_token None, while the project's sampling starts from this BOS."""
+  cfg = {}
+  path = os.path.join(out_dir, 'tokenizer_config.json')
+  if os.path.isfile(path):
+    try:
+      with open(path) as f:
+        cfg = json.load(f)
+    except ValueError:
+      cfg = {}
+  cfg = cfg if isinstance(cfg, dict) else {}
+  cfg.setdefault('tokenizer_class', 'PreTrainedTokenizerFast')
+  cfg.update(bos_token=bos_token, eos_token=cfg.get('eos_token') or bos_token)
+  cfg.setdefault('add_bos_token', False)
+  return cfg
 
 
 def _write_json(path: str, obj: dict):
@@ -184,15 +235,16 @@ def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
     missing = [p for p, _ in code if not os.path.isfile(p)]
     if missing:
       raise HFExportError(f'remote_code_dir={remote_code_dir!r} lacks {missing}.')
+  out_dir = os.path.realpath(out_dir)   # a symlink to a folder: the export goes where it points
   _check_out_dir(out_dir)
   byte_tokenizer = _writes_byte_tokenizer(config, tokenizer_dir)
-  cfg = hf_config.hf_config(config, dims, dtype,
-                            bos_id=_bos_id(config, bool(tokenizer) or byte_tokenizer))
-  out_dir = os.path.abspath(out_dir)
+  bos = _bos(config, tokenizer, byte_tokenizer)
+  cfg = hf_config.hf_config(config, dims, dtype, bos_id=None if bos is None else bos[1])
   parent = os.path.dirname(out_dir)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + '.partial-', dir=parent)
+  tmp = None
   try:
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + '.partial-', dir=parent)
     os.chmod(tmp, 0o755)
     _write_weights(tmp, dims, params, safetensors_io.DTYPES['BF16' if dtype == 'bfloat16'
                                                             else 'F32'], max_shard_bytes)
@@ -201,14 +253,24 @@ def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
                 hf_config.generation_config(config, cfg))
     for src, name in tokenizer + code:
       shutil.copyfile(src, os.path.join(tmp, name))
+    if bos is not None and not byte_tokenizer and not _names_bos(tmp):
+      _write_json(os.path.join(tmp, 'tokenizer_config.json'), _tokenizer_config(tmp, bos[0]))
     if byte_tokenizer:
       from input_pipeline.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
       ByteTokenizer().save_hf(tmp)
     if os.path.isdir(out_dir):
       os.rmdir(out_dir)
     os.rename(tmp, out_dir)
+  except OSError as e:   # a read-only or full disk: nothing is left half-written
+    if tmp:
+      shutil.rmtree(tmp, ignore_errors=True)
+    raise HFExportError(
+        f'Cannot write the export to {out_dir}: {e.strerror or type(e).__name__}'
+        f'{f" ({e.filename})" if e.filename else ""}. Nothing was written there; pass an --out '
+        'on a writable disk with room for the weights.') from e
   except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
+    if tmp:
+      shutil.rmtree(tmp, ignore_errors=True)
     raise
   return {'format': 'qwen3' if dims.gate == 'none' else f'authors_gated_qwen3_{dims.gate}',
           'files': sorted(os.listdir(out_dir))}

@@ -83,6 +83,46 @@ def gate_from_hf(hf: dict) -> str:
   return on[0] if on else 'none'
 
 
+def _positive_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _token_id(v) -> bool:
+  return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or (
+      isinstance(v, list) and all(_token_id(x) and x is not None for x in v))
+
+
+# The optional config.json fields the import reads, with what each must hold when present: a
+# string where a number belongs would otherwise fail deep inside with a TypeError, or be taken
+# silently (bool('false') is True).
+_OPTIONAL = {
+    'num_key_value_heads': (lambda v: v is None or _positive_int(v), 'a positive integer'),
+    'head_dim': (lambda v: v is None or _positive_int(v), 'a positive integer'),
+    'max_position_embeddings': (lambda v: v is None or _positive_int(v), 'a positive integer'),
+    'rms_norm_eps': (lambda v: _number(v) and v > 0, 'a positive number'),
+    'rope_theta': (lambda v: _number(v) and v > 0, 'a positive number'),
+    'initializer_range': (lambda v: _number(v) and v >= 0, 'a number'),
+    'tie_word_embeddings': (lambda v: isinstance(v, bool), 'true or false'),
+    'use_qk_norm': (lambda v: isinstance(v, bool), 'true or false'),
+    'elementwise_attn_output_gate': (lambda v: isinstance(v, bool), 'true or false'),
+    'headwise_attn_output_gate': (lambda v: isinstance(v, bool), 'true or false'),
+    'rope_scaling': (lambda v: v is None or isinstance(v, dict), 'an object or null'),
+    'bos_token_id': (_token_id, 'a token id (a non-negative integer) or null'),
+    'eos_token_id': (_token_id, 'a token id, a list of them, or null'),
+    'pad_token_id': (_token_id, 'a token id or null'),
+}
+
+
+def _check_types(hf: dict):
+  for key, (ok, want) in _OPTIONAL.items():
+    if key in hf and not ok(hf[key]):
+      _refuse(key, hf[key], f'{want} is required.')
+
+
 def check_hf(hf: dict):
   """Refuses what the project cannot represent, naming the config.json field."""
   mt = hf.get('model_type')
@@ -109,8 +149,9 @@ def check_hf(hf: dict):
       _refuse(key, hf[key], 'Mixture-of-Experts checkpoints are not supported.')
   for key in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers',
               'num_attention_heads'):
-    if not isinstance(hf.get(key), int) or hf[key] <= 0:
+    if not _positive_int(hf.get(key)):
       _refuse(key, hf.get(key), 'a positive integer is required.')
+  _check_types(hf)
   K = hf.get('num_key_value_heads') or hf['num_attention_heads']
   if hf['num_attention_heads'] % K:
     _refuse('num_key_value_heads', K, 'must divide num_attention_heads.')
@@ -228,7 +269,9 @@ def hf_config(config, dims: Dims, dtype: str, *, bos_id: int | None = None) -> d
              max_window_layers=dims.L, attention_dropout=0.0, torch_dtype=dtype)
   if bos_id is not None:
     out.update(bos_token_id=bos_id, eos_token_id=bos_id)
-  out.update({k: src[k] for k in PASSTHROUGH if k in src})
+  # the source's own values (an import) win, except a missing token id the tokenizer supplies
+  out.update({k: src[k] for k in PASSTHROUGH if k in src
+              and not (src[k] is None and out.get(k) is not None)})
   if m.rope_scaling.type == 'yarn':
     rs = m.rope_scaling
     out['rope_scaling'] = dict(rope_type='yarn', factor=rs.factor,
@@ -245,8 +288,9 @@ def hf_config(config, dims: Dims, dtype: str, *, bos_id: int | None = None) -> d
 def generation_config(config, hf_cfg: dict) -> dict:
   """generation_config.json: the imported one, else the token ids of config.json."""
   _, gen = _source(config)
-  if gen:
-    return gen
+  if gen:   # the imported one, with the token ids it lacks (transformers' generate reads them)
+    return {**gen, **{k: hf_cfg[k] for k in ('bos_token_id', 'eos_token_id')
+                      if gen.get(k) is None and hf_cfg.get(k) is not None}}
   out = {'_from_model_config': True}
   out.update({k: hf_cfg[k] for k in ('bos_token_id', 'eos_token_id', 'pad_token_id')
               if hf_cfg.get(k) is not None})

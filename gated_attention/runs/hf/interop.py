@@ -12,10 +12,12 @@ data source) open it unchanged.
 
 import gc
 import os
+import shutil
 import time
 
 import jax
 
+from gated_attention import storage
 from gated_attention.errors import CheckpointError
 from gated_attention.runs import checkpoint as ckpt_lib
 from gated_attention.runs import rundir
@@ -49,20 +51,60 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
   config.update_from_flattened_dict(dict(overrides or {}))
   t_read = time.time() - t0
   ModelFactory(config, rundir.build_mesh(config))   # validates the model config on this machine
-  rundir.check_or_write_config(workdir, config)
   count = int(sum(x.size for x in jax.tree.leaves(params)))
-  checkpointer = ckpt_lib.Checkpointer(workdir)
+  _check_room(workdir, int(sum(x.nbytes for x in jax.tree.leaves(params))))
+  created = not os.path.exists(workdir)
+  new = [p for p in (os.path.join(workdir, rundir.CONFIG_FILE), os.path.join(workdir, 'checkpoints'))
+         if not os.path.exists(p)]
   try:
-    checkpointer.save_params(IMPORT_STEP, params)  # host arrays: orbax writes them as they are
-    del params  # orbax holds its own copy while it writes asynchronously: free ours meanwhile
-    gc.collect()
-  finally:
-    checkpointer.close()
+    rundir.check_or_write_config(workdir, config)
+    checkpointer = ckpt_lib.Checkpointer(workdir)
+    try:
+      checkpointer.save_params(IMPORT_STEP, params)  # host arrays: orbax writes them as they are
+      del params  # orbax holds its own copy while it writes asynchronously: free ours meanwhile
+      gc.collect()
+    finally:
+      checkpointer.close()
+  except (CheckpointError, OSError) as e:  # a full or failing disk: nothing half-imported is kept
+    for path in new:
+      shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else _remove(path)
+    if created and os.path.isdir(workdir) and not os.listdir(workdir):
+      os.rmdir(workdir)
+    cause = e.__cause__ if isinstance(e, CheckpointError) and e.__cause__ else e
+    reason = f'{type(cause).__name__}: {cause}'.splitlines()[0]
+    raise CheckpointError(
+        f'Importing {hf_dir} into --workdir={workdir} failed while writing it: {reason}. What '
+        'the import had written there was removed; fix the cause (disk space, permissions) and '
+        'run the same command again.') from e
   return {'workdir': os.path.abspath(workdir), 'variant': config.variant, 'step': IMPORT_STEP,
           'source': os.path.abspath(hf_dir), 'tokenizer': config.data.tokenizer,
           'parameters': count,
           'read_seconds': round(t_read, 1), 'seconds': round(time.time() - t0, 1),
           'peak_rss_gib': round(_peak_rss_gib(), 2)}
+
+
+def _remove(path: str):
+  try:
+    os.remove(path)
+  except OSError:
+    pass
+
+
+def _check_room(workdir: str, nbytes: int):
+  """Refuses an import whose checkpoint (`nbytes` of parameters, as orbax writes them) cannot
+  fit on the workdir's disk, before anything is written. Object storage has no such limit."""
+  if storage.is_remote(workdir):
+    return
+  probe = os.path.abspath(workdir)
+  while not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  free = shutil.disk_usage(probe).free
+  need = int(nbytes * 1.05) + (256 << 10)   # orbax's own files and OCDBT's overhead
+  if free < need:
+    raise CheckpointError(
+        f'The import needs about {need / 2**20:.1f} MiB on the disk of --workdir={workdir}, and '
+        f'only {free / 2**20:.1f} MiB are free there. Free space or choose a --workdir on '
+        'another disk; nothing was written.')
 
 
 def export_run(workdir: str, out_dir: str, *, step: int | None = None, dtype: str = 'float32',
@@ -74,6 +116,7 @@ def export_run(workdir: str, out_dir: str, *, step: int | None = None, dtype: st
   t0 = time.time()
   config = rundir.read_config(workdir)
   hf_config.check_exportable(config)
+  convert.check_out_dir(out_dir)   # before the checkpoint is read: an --out that cannot be written
   step, params = ModelFactory(config, rundir.build_mesh(config)).restore(workdir, step)
   params = jax.device_get(params)
   out = convert.save_hf(config, params, out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes,
