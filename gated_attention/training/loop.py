@@ -148,10 +148,27 @@ def _build_data(config):
   return data
 
 
-def _init_from(run: _Run, source: str):
-  """A fresh run starting from another run's latest parameters (train.init_from)."""
+def _check_init_from(source: str, abstract_params: dict):
+  """A warm start's source has a checkpoint of this config's shapes (before anything is written
+  for the new run, so the corrected command starts clean)."""
   if not workdir_lib.checkpoint_steps(source):
     raise CheckpointError(f'--config.train.init_from={source}: no checkpoint there.')
+  source_ckpt = ckpt_lib.Checkpointer(source, read_only=True)
+  try:
+    diffs = source_ckpt.shape_differences(source_ckpt.all_steps()[-1], abstract_params)
+  finally:
+    source_ckpt.close()
+  if diffs:
+    more = f' (and {len(diffs) - 3} more)' if len(diffs) > 3 else ''
+    raise CheckpointError(
+        f'--config.train.init_from={source} holds a model of other shapes than this config: '
+        f'{"; ".join(diffs[:3])}{more}. A warm start copies the parameters, so the model settings '
+        f'must be that run\'s (--config=configs/from_run.py:{source} has them), or drop '
+        'init_from to train from scratch.')
+
+
+def _init_from(run: _Run, source: str):
+  """A fresh run starting from another run's latest parameters (train.init_from)."""
   step, run.params = run.setup.restore(source, warn=_say)    # the factory's verified restore
   run.opt_state = run.setup.init_opt_state(run.params)
   _say(f'Initialised from {source} (step {step}): parameters only, fresh optimizer and data.')
@@ -186,6 +203,8 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
     setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
   data.train_iter = prefetch.DevicePrefetch(data.train_iter, setup.global_batch,
                                             config.data.get('device_prefetch', 2))
+  if tc.init_from and not workdir_lib.checkpoint_steps(workdir):   # before anything is written
+    _check_init_from(tc.init_from, setup.abstract_params)
   checkpointer = ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
                                        keep=tc.keep_checkpoints)
   latest = checkpointer.latest_step()
