@@ -12,6 +12,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from experiments import scaling
 from gated_attention import storage
 from gated_attention.analysis import metrics as metrics_lib
 from gated_attention.analysis import plots
@@ -33,6 +34,7 @@ class Result:
   report: dict | None
   rows: list[dict]
   long_context: dict = dataclasses.field(default_factory=dict)  # label -> long-context report
+  size: dict = dataclasses.field(default_factory=dict)  # scaling.run_size of a finished run
 
   @property
   def status(self) -> str:
@@ -186,6 +188,10 @@ METRICS = {
     'sink_layers': (f'seeds with F-Attn >= {SINK_F_ATTN}, by layer (95% interval)', _sink_layers,
                     'layer_count'),
     'sink_layer': ('sink layer (largest F-Attn)', _sink_layer, 'mode'),
+    # a run's size (experiments/scaling.py): non-embedding parameters, tokens and FLOPs trained
+    'params': ('non-embedding params', lambda r: r.size.get('params'), '.4g'),
+    'train_tokens': ('tokens trained', lambda r: r.size.get('tokens'), '.3g'),
+    'train_flops': ('training FLOPs', lambda r: r.size.get('flops'), '.3g'),
     # the largest activation: the seeds whose peak is born on the first token (BOS), and where
     'm_act_bos': ('M-Act peak on token 0', _origin('first_token'), 'count'),
     'm_act_origin': ('M-Act peak born at', _origin_label, 'mode'),
@@ -216,14 +222,16 @@ def read_long_context(workdir: str, label: str) -> dict | None:
 def read(run, workdir: str, experiment=None) -> Result:
   runner = read_runner(workdir)
   report_path = storage.join(workdir, runs_lib.ANALYSIS_DIR, runs_lib.REPORT_FILE)
-  report, long_context = None, {}
+  report, long_context, size = None, {}, {}
   if runner.get('status') == 'done' and storage.isfile(report_path):
     report = json.loads(storage.read_bytes(report_path))
     if experiment is not None and experiment.long_context:
       evaluated = extended_dir(workdir) if experiment.extend else workdir
       long_context = {label: read_long_context(evaluated, label)
                       for label in experiment.long_context}
-  return Result(run, runner, report, runs_lib.read_metrics(workdir), long_context)
+    if experiment is not None and experiment.scaling:
+      size = scaling.run_size(runs_lib.read_config(workdir))
+  return Result(run, runner, report, runs_lib.read_metrics(workdir), long_context, size)
 
 
 def _cell(values: list, fmt: str, per_seed: bool = False) -> str:
@@ -507,7 +515,8 @@ def long_context_figure(experiment, results: list[Result]) -> Figure:
 
 
 def figure_names(experiment) -> tuple[str, ...]:
-  return FIGURES + ((LONG_CONTEXT_FIGURE,) if experiment.long_context else ())
+  return (FIGURES + ((LONG_CONTEXT_FIGURE,) if experiment.long_context else ())
+          + ((scaling.FIGURE,) if experiment.scaling else ()))
 
 
 def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
@@ -522,13 +531,19 @@ def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
              'seeds.png': seeds_figure(experiment, results)}
   if experiment.long_context:
     figures[LONG_CONTEXT_FIGURE] = long_context_figure(experiment, results)
+  if experiment.scaling:
+    figures[scaling.FIGURE] = scaling.figure(results)
   for name, fig in figures.items():
     plots.save(fig, storage.join(out_dir, name))
-  storage.write(storage.join(out_dir, 'summary.json'),
-                json.dumps(summary(experiment, results), indent=1))
+  summary_json = summary(experiment, results)
+  if experiment.scaling:
+    summary_json['_scaling'] = {'fits': scaling.fits(results), 'gaps': scaling.gaps(results)}
+  storage.write(storage.join(out_dir, 'summary.json'), json.dumps(summary_json, indent=1))
   text = f'{header}\n\n{table(experiment, results)}\n'
   if experiment.long_context:
     text += f'\n{long_context_tables(experiment, results)}\n'
+  if experiment.scaling:
+    text += f'\nScaling (experiments/scaling.py):\n\n{scaling.tables(results)}\n'
   storage.write(storage.join(out_dir, 'results.md'),
                 f'# {experiment.title}\n\n{text}\n' +
                 ''.join(f'![{n}]({n})\n' for n in figure_names(experiment)))

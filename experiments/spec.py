@@ -14,7 +14,11 @@ An experiment is a Python file under experiments/ with these module-level names:
   POINTS = [{'model.num_heads': 2}, {...}]       # optional: one group per dict of overrides
                                                  # (a one-factor-at-a-time sweep; with GRID,
                                                  # every point x every grid combination)
+  POINT_NAMES = ['h2', ...]                      # optional: the points' names in group names
+                                                 # (default: their overrides, key=value_...)
   TITLE = '...'; DESCRIPTION = '...'             # optional: the heading and text in results.md
+  SCALING = True                                 # optional: loss against size and compute,
+                                                 # power laws per variant (experiments/scaling.py)
 
 Long context (optional; Qiu et al. 2025, Table 5):
   EXTEND = 'seq_len=1024,rope_base=1e6,steps=300'  # continue each run at a longer context:
@@ -85,6 +89,7 @@ class Experiment:
   extend: str = ''
   long_context: dict = dataclasses.field(default_factory=dict)
   long_context_overrides: dict = dataclasses.field(default_factory=dict)
+  scaling: bool = False
 
   def analyze_args(self, workdir: str) -> list[str]:
     return ['main.py', '--mode=analyze', f'--workdir={workdir}'] + [
@@ -280,6 +285,13 @@ def load(path: str, known_columns) -> Experiment:
   per_variant = {v: _overrides(path, f'VARIANT_OVERRIDES[{v!r}]', o)
                  for v, o in per_variant.items()}
   points = _check_points(path, getattr(m, 'POINTS', []))
+  point_names = getattr(m, 'POINT_NAMES', None)
+  if point_names is not None:
+    point_names = _names(path, 'POINT_NAMES', point_names, ['small', 'large'])
+    if len(point_names) != len(points) or len(set(point_names)) != len(point_names) or not all(
+        n.replace('_', '').replace('-', '').replace('.', '').isalnum() for n in point_names):
+      raise ExperimentError(f'{path}: POINT_NAMES must give each of the {len(points)} POINTS a '
+                            'distinct name of letters, digits, -, _ and . (it names the group).')
   analyze_overrides = _overrides(path, 'ANALYZE_OVERRIDES', getattr(m, 'ANALYZE_OVERRIDES', {}))
   _check_keys(path, variants, scale, [('OVERRIDES', common), ('GRID', grid),
                                       ('ANALYZE_OVERRIDES', analyze_overrides)]
@@ -290,10 +302,12 @@ def load(path: str, known_columns) -> Experiment:
     raise ExperimentError(f'{path}: PER_SEED names {sorted(set(per_seed) - set(columns))}, '
                           'which are not in COLUMNS.')
   runs = []
+  names = dict(zip(range(len(points)), point_names or []))
   for variant in variants:
-    for chosen in points:
+    for index, chosen in enumerate(points):
       for point in itertools.product(*[[(k, v) for v in vs] for k, vs in grid.items()]):
-        labels = [_point_label(chosen)] if chosen else []
+        labels = ([names[index]] if index in names else
+                  [_point_label(chosen)] if chosen else [])
         group = '_'.join([variant] + labels + [_label(k, v) for k, v in point])
         overrides = {**common, **per_variant.get(variant, {}), **chosen, **dict(point)}
         for seed in seeds:
@@ -307,6 +321,7 @@ def load(path: str, known_columns) -> Experiment:
                     per_seed=per_seed,
                     extend=str(getattr(m, 'EXTEND', '')),
                     long_context=_check_long_context(path, m),
+                    scaling=bool(getattr(m, 'SCALING', False)),
                     long_context_overrides=dict(getattr(m, 'LONG_CONTEXT_OVERRIDES', {})))
 
 

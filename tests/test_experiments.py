@@ -7,6 +7,7 @@ import shlex
 import shutil
 import textwrap
 
+import numpy as np
 import pytest
 
 from experiments import report, run, spec
@@ -466,7 +467,8 @@ def test_extension_and_long_context_stages(tmp_path, capsys):
 
 @pytest.mark.parametrize('name', sorted(f[:-3] for f in os.listdir(spec.REPO + '/experiments')
                                         if f.endswith('.py') and f not in
-                                        ('__init__.py', 'run.py', 'spec.py', 'report.py')))
+                                        ('__init__.py', 'run.py', 'spec.py', 'report.py',
+                                         'scaling.py')))
 def test_committed_experiment_files_load_and_name_real_config_fields(name):
   """Each experiments/<name>.py loads, and every override names a field of its variants' configs
   (a typo would otherwise fail its first run after minutes of training)."""
@@ -552,3 +554,56 @@ def test_long_context_tables_name_a_synthetic_retrieval_task(tmp_path):
   row = next(l for l in text.splitlines() if l.startswith('| g1_elementwise | 2/2 | '))
   assert row.split(' | ')[4:] == ['60 ± 14 (50, 70)', '30 ± 7 (25, 35) |']
   assert report.long_context_figure(exp, results) is not None
+
+
+def test_scaling_fits_against_independent_least_squares():
+  """Issue 39 (2): experiments/scaling.py's power law, bootstrap and gap trend against float64
+  least squares written out here (np.linalg.lstsq), on random data."""
+  from experiments import scaling  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  sizes = [2.5e4, 1e5, 3.2e5, 7.9e5]
+  x = np.repeat(sizes, 3)
+  y = 4.0 * x ** -0.11 * np.exp(rng.normal(0, 0.01, x.size))
+  design = np.stack([np.ones_like(x), np.log(x)], axis=1)
+  (c0, c1), *_ = np.linalg.lstsq(design, np.log(y), rcond=None)
+  a, alpha = scaling.fit_power_law(x, y)
+  assert (a, alpha) == pytest.approx((np.exp(c0), -c1), rel=1e-9)
+  assert alpha == pytest.approx(0.11, abs=0.02)
+  points = {s: list(y[x == s]) for s in sizes}
+  lo, hi = scaling.bootstrap_alpha(points)
+  assert lo < alpha < hi and hi - lo < 0.05
+  # the gap trend: weighted least squares of the gap on log10 N
+  rows = [{'variant': 'g', 'params': n, 'gap': g, 'se': s} for n, g, s in
+          zip(sizes, [0.010, 0.014, 0.022, 0.025], [0.002, 0.003, 0.002, 0.004])]
+  w = np.sqrt(1 / np.array([r['se'] for r in rows]) ** 2)
+  design = np.stack([np.ones(4), np.log10(sizes)], axis=1) * w[:, None]
+  (_, slope), *_ = np.linalg.lstsq(design, np.array([r['gap'] for r in rows]) * w, rcond=None)
+  cov = np.linalg.inv(design.T @ design)
+  got = scaling.gap_trend(rows, 'g')
+  assert got == pytest.approx((slope, np.sqrt(cov[1, 1])), rel=1e-9)
+
+
+def test_scaling_tables_and_sizes_of_a_run(tmp_path):
+  """The sizes come from the saved config (param_report's non-embedding count; FLOPs per token x
+  tokens); the tables pair each size's baseline and gated runs."""
+  from configs import baseline  # pylint: disable=g-import-not-at-top
+  from experiments import scaling  # pylint: disable=g-import-not-at-top
+  c = baseline.get_config('tiny')
+  c.update_from_flattened_dict({'model.num_layers': 2, 'model.hidden_size': 32,
+                                'model.num_heads': 2, 'model.num_kv_heads': 1,
+                                'model.head_dim': 16, 'model.ffn_size': 96, 'train.steps': 10,
+                                'train.batch_size': 4, 'data.seq_len': 16})
+  size = scaling.run_size(c)
+  per_layer = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 96 + 2 * 32 + 2 * 16  # + norms
+  assert size['params'] == 2 * per_layer + 32   # the final norm
+  assert size['tokens'] == 10 * 4 * 16
+  run = lambda v, n, s, loss: report.Result(  # noqa: E731
+      run=spec.Run(f'{v}_{n}_s{s}', f'{v}_{n}', v, s, ()), runner={'status': 'done'},
+      report={'loss': loss}, rows=[], size={'params': n, 'flops': 6.0 * n * 1000})
+  results = [run(v, n, s, 3.0 * n ** -0.1 - (0.01 if v == 'g1' else 0) + 0.001 * s)
+             for v in ('baseline', 'g1') for n in (1e4, 1e5, 1e6) for s in range(3)]
+  text = scaling.tables(results)
+  assert '| baseline | 0.0999 | [0.09' in text and '| g1 | 0.1010 |' in text
+  assert '| 100,000 | g1 | +0.0100 |' in text
+  assert text.count('| g1 | +0.0100 |') == 3
+  scaling.figure(results)

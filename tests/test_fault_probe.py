@@ -557,6 +557,9 @@ RUNNER_CASES = {
     'GRID value not a list': ('VARIANTS = ["baseline"]\nGRID = {"train.learning_rate": 1e-3}\n',
                               'GRID must be a dict'),
     'VARIANTS a string': ('VARIANTS = "baseline"\n', 'VARIANTS must be a list of names'),
+    'POINT_NAMES not one per point': ('VARIANTS = ["baseline"]\nPOINTS = [{}, {"train.steps": 3}]'
+                                      '\nPOINT_NAMES = ["a"]\n',
+                                      'POINT_NAMES must give each of the 2 POINTS'),
 }
 
 

@@ -1,0 +1,175 @@
+"""Scaling in miniature: validation loss against model size and training compute, per variant.
+
+What experiments/report.py adds for an experiment file with SCALING = True (experiments/
+scaling_ladder.py): each run's size read off its saved config (non-embedding parameters, the
+paper's and Kaplan et al.'s N, and the training FLOPs C = FLOPs per token x tokens trained,
+model/transformer.py `train_flops_per_token`), a power law L = a * N^-alpha fitted per variant by
+least squares in log-log over every seed's run, its 95% interval from a bootstrap over seeds
+(resampled within each size), the same against C, and each size's gap between the baseline and a
+gated variant with its standard error. A pure power law has no irreducible term: with four sizes
+a third parameter is not identified, so alpha here describes this range, not an asymptote.
+"""
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+FIGURE = 'scaling.png'
+BOOTSTRAP = 2000
+
+
+def run_size(config) -> dict:
+  """{'params': non-embedding parameters, 'tokens': tokens trained, 'flops': training FLOPs} of
+  a run's saved config (an ml_collections ConfigDict)."""
+  from gated_attention.model import transformer  # pylint: disable=g-import-not-at-top
+  from gated_attention.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  model = ModelConfig.from_config(config.model)
+  seq_len = int(config.data.seq_len)
+  tokens = int(config.train.steps) * int(config.train.batch_size) * seq_len
+  return {'params': int(transformer.param_report(model)['non_embedding']), 'tokens': tokens,
+          'flops': float(transformer.train_flops_per_token(model, seq_len)) * tokens}
+
+
+def fit_power_law(x, y) -> tuple[float, float]:
+  """(a, alpha) of y = a * x^-alpha, least squares on log y against log x."""
+  slope, intercept = np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)
+  return float(np.exp(intercept)), float(-slope)
+
+
+def bootstrap_alpha(points: dict, n: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
+  """The 95% percentile interval of alpha, `points` {x: [y of each seed]}: each resample draws
+  the seeds of every x with replacement."""
+  rng = np.random.default_rng(seed)
+  xs = sorted(points)
+  alphas = []
+  for _ in range(n):
+    x, y = [], []
+    for v in xs:
+      ys = np.asarray(points[v], float)
+      pick = ys[rng.integers(0, len(ys), len(ys))]
+      x += [v] * len(pick)
+      y += list(pick)
+    alphas.append(fit_power_law(x, y)[1])
+  lo, hi = np.percentile(alphas, [2.5, 97.5])
+  return float(lo), float(hi)
+
+
+def _points(results, key: str, variant: str) -> dict:
+  """{size: [val loss of each seed]} of one variant's finished runs (size: 'params' or 'flops';
+  FLOPs differ by a gate's few parameters, so a variant's own are used)."""
+  out = {}
+  for r in results:
+    loss = (r.report or {}).get('loss')
+    if r.run.variant == variant and r.status == 'done' and loss is not None and r.size:
+      out.setdefault(r.size[key], []).append(float(loss))
+  return out
+
+
+def variants(results) -> list[str]:
+  return list(dict.fromkeys(r.run.variant for r in results))
+
+
+def fits(results) -> dict:
+  """Per variant and axis ('params', 'flops'): a, alpha, its 95% interval and the points."""
+  out = {}
+  for variant in variants(results):
+    for key in ('params', 'flops'):
+      pts = _points(results, key, variant)
+      if len(pts) < 2:
+        continue
+      x = [v for v, ys in pts.items() for _ in ys]
+      y = [y for ys in pts.values() for y in ys]
+      a, alpha = fit_power_law(x, y)
+      out.setdefault(variant, {})[key] = {
+          'a': a, 'alpha': alpha, 'interval': bootstrap_alpha(pts) if len(y) > len(pts) else None,
+          'points': {str(k): v for k, v in sorted(pts.items())}}
+  return out
+
+
+def gaps(results, reference: str = 'baseline') -> list[dict]:
+  """Per size and gated variant: reference loss - variant loss (positive: the gate helps),
+  mean over seeds and its standard error (the two groups' variances over their seeds)."""
+  base = _points(results, 'params', reference)
+  rows = []
+  for variant in variants(results):
+    if variant == reference:
+      continue
+    mine = _points(results, 'params', variant)
+    for (nb, yb), (nv, yv) in zip(sorted(base.items()), sorted(mine.items())):
+      yb, yv = np.asarray(yb, float), np.asarray(yv, float)
+      se = np.sqrt((yb.var(ddof=1) / len(yb) if len(yb) > 1 else 0.0) +
+                   (yv.var(ddof=1) / len(yv) if len(yv) > 1 else 0.0))
+      rows.append({'variant': variant, 'params': nb, 'params_variant': nv,
+                   'gap': float(yb.mean() - yv.mean()), 'se': float(se)})
+  return rows
+
+
+def gap_trend(rows: list[dict], variant: str) -> tuple[float, float] | None:
+  """(slope, standard error) of the gap against log10 N, weighted least squares: > 0 means the
+  advantage grows with scale."""
+  rs = [r for r in rows if r['variant'] == variant]
+  if len(rs) < 3:
+    return None
+  x = np.log10([r['params'] for r in rs])
+  y = np.asarray([r['gap'] for r in rs])
+  w = 1.0 / np.maximum(np.asarray([r['se'] for r in rs]), 1e-6) ** 2
+  xm = np.sum(w * x) / np.sum(w)
+  slope = np.sum(w * (x - xm) * (y - np.sum(w * y) / np.sum(w))) / np.sum(w * (x - xm) ** 2)
+  return float(slope), float(np.sqrt(1.0 / np.sum(w * (x - xm) ** 2)))
+
+
+def tables(results) -> str:
+  """Markdown: the fitted exponents, then each size's losses and gaps."""
+  f, g = fits(results), gaps(results)
+  lines = ['| variant | alpha (L ∝ N^-alpha) | 95% interval | a | alpha vs FLOPs | 95% interval |',
+           '|---|---|---|---|---|---|']
+  for variant, by in f.items():
+    p, c = by.get('params'), by.get('flops')
+    if not (p and c):
+      lines.append(f'| {variant} | - | - | - | - | - |')
+      continue
+    interval = lambda d: ('-' if not d['interval'] else  # noqa: E731
+                          '[{:.4f}, {:.4f}]'.format(*d['interval']))
+    lines.append(f'| {variant} | {p["alpha"]:.4f} | {interval(p)} | {p["a"]:.3f} | '
+                 f'{c["alpha"]:.4f} | {interval(c)} |')
+  if g:
+    lines += ['', '| non-embedding params | variant | baseline loss - variant loss | ± s.e. |',
+              '|---|---|---|---|']
+    lines += [f'| {int(r["params"]):,} | {r["variant"]} | {r["gap"]:+.4f} | {r["se"]:.4f} |'
+              for r in g]
+    for variant in dict.fromkeys(r['variant'] for r in g):
+      trend = gap_trend(g, variant)
+      if trend:
+        lines.append(f'\nGap of {variant} against log10 N (weighted least squares): '
+                     f'{trend[0]:+.4f} ± {trend[1]:.4f} per decade.')
+  return '\n'.join(lines)
+
+
+def figure(results) -> Figure:
+  """Validation loss against non-embedding parameters and against training FLOPs (log-log),
+  each seed's run a point, the mean per size joined, the fitted power law dashed."""
+  fig = Figure(figsize=(10, 4), layout='constrained')
+  FigureCanvasAgg(fig)
+  axes = fig.subplots(1, 2)
+  f = fits(results)
+  for i, variant in enumerate(variants(results)):
+    for ax, key, label in ((axes[0], 'params', 'non-embedding parameters'),
+                           (axes[1], 'flops', 'training FLOPs')):
+      pts = _points(results, key, variant)
+      if not pts:
+        continue
+      xs = sorted(pts)
+      for x in xs:
+        ax.scatter([x] * len(pts[x]), pts[x], color=f'C{i}', s=10, alpha=0.6)
+      ax.plot(xs, [np.mean(pts[x]) for x in xs], color=f'C{i}', marker='o',
+              label=variant if key not in f.get(variant, {}) else
+              f'{variant} (alpha {f[variant][key]["alpha"]:.3f})')
+      if key in f.get(variant, {}):
+        grid = np.geomspace(xs[0], xs[-1], 50)
+        ax.plot(grid, f[variant][key]['a'] * grid ** -f[variant][key]['alpha'], color=f'C{i}',
+                ls='--', lw=1)
+      ax.set(xscale='log', yscale='log', xlabel=label, ylabel='validation loss (nats/token)')
+  for ax in axes:
+    if ax.lines:
+      ax.legend(fontsize=7)
+  return fig
