@@ -121,7 +121,8 @@ def gap_trend(rows: list[dict], variant: str) -> tuple[float, float] | None:
 def tables(results) -> str:
   """Markdown: the fitted exponents, then each size's losses and gaps."""
   f, g = fits(results), gaps(results)
-  lines = ['| variant | alpha (L ∝ N^-alpha) | 95% interval | a | alpha vs FLOPs | 95% interval |',
+  lines = ['| variant | alpha (L ∝ N^-alpha) | 95% interval | a | alpha vs FLOPs | 95% interval'
+           ' |',
            '|---|---|---|---|---|---|']
   for variant, by in f.items():
     p, c = by.get('params'), by.get('flops')

@@ -1,22 +1,22 @@
-"""Scaling in miniature: baseline vs G1 elementwise at four sizes spanning 32x, three seeds
+"""Scaling in miniature: baseline, G1 elementwise and headwise at four sizes over 32x, three seeds
 
 The paper's claim that the gate "improves scaling properties" (Qiu et al. 2025, Sec. 1 and 4.1:
 lower loss at every scale of its 1.7B dense and 15A2B MoE models, and training that tolerates
 larger learning rates and batches) has no miniature in this project yet. Here the same recipe at
 four sizes on the built-in natural-text corpus (byte tokens): non-embedding parameters (N, Kaplan
 et al. 2020) 24.8k, 98.8k, 323k and 788k for the baseline (2 layers of width 32 and 64, 3 of
-96, 4 of 128; heads of 16-32 with GQA, SwiGLU at 3x width, QK-norm, tied embeddings; the gate
-adds 8% to N), each trained on 4 tokens per baseline non-embedding parameter (99k-3.15M tokens:
-97-3,077 steps of 8 x 128 tokens; far below Chinchilla's 20, the same ratio at every size, so
-compute grows as N^2), AdamW at 3e-3 with a warm-up of 10% of the steps and cosine decay to 10%,
-weight decay 0.1. Analysed on 16 held-out batches (16k tokens). SCALING adds the loss-against-size
+96, 4 of 128; heads of 16-32 with GQA, SwiGLU at 3x width, QK-norm, tied embeddings; the
+elementwise gate adds 8% to N, the headwise one under 1%), each trained on 4 tokens per baseline
+non-embedding parameter (99k-3.15M tokens: 97-3,077 steps of 8 x 128 tokens; far below
+Chinchilla's 20, the same ratio at every size, so compute grows as N^2), AdamW at 3e-3 with a
+warm-up of 10% of the steps and cosine decay to 10%, weight decay 0.1. Analysed on 16 held-out batches (16k tokens). SCALING adds the loss-against-size
 and loss-against-FLOPs figure, a power law per variant with its bootstrap interval, and each
 size's baseline - gated gap with its trend per decade (experiments/scaling.py). Measured cost on
 the 2-core CPU: see docs/results.md (the wall time of the whole sweep, two runs side by side).
 """
 
 SEEDS = [0, 1, 2]
-VARIANTS = ['baseline', 'g1_elementwise']
+VARIANTS = ['baseline', 'g1_elementwise', 'g1_headwise']
 SCALING = True
 
 

@@ -594,7 +594,8 @@ def test_probe_closing_on_a_full_disk_frees_the_lock(tmp_path):
       raise OSError(28, f'No space left on device ({what})')
     return close
   run = type('R', (), {})()
-  run.data = type('D', (), {'train_iter': type('I', (), {'shutdown': lambda: calls.append('iter')})})
+  run.data = type('D', (), {'train_iter': type('I', (), {
+      'shutdown': lambda: calls.append('iter')})})
   run.checkpointer = type('C', (), {'close': lambda: calls.append('ckpt')})
   run.progress = type('P', (), {'close': lambda: calls.append('progress')})
   run.writer = type('W', (), {'close': fail('writer')})

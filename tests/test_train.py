@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,6 +212,24 @@ def test_incompatible_workdir_is_refused(trained):
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == before
   with open(os.path.join(workdir, 'config.json')) as f:
     assert json.load(f)['model']['num_layers'] == 2
+
+
+def test_layout_settings_that_change_no_checkpoint_are_free_on_resume(trained, tmp_path):
+  """Issue 38: scan_layers and fused_gate_projection change nothing in a checkpoint (the same
+  parameter tree), so resuming with the other value is accepted; a structural field is not."""
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(trained[0], workdir)
+  changed = tiny_config(**{'model.scan_layers': False, 'model.fused_gate_projection': False})
+  workdir_lib.check_or_write_config(workdir, changed, resuming_data=True)   # no error
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f)['model']['scan_layers'] is False   # config.json records the resumption
+  with pytest.raises(ckpt_lib.CheckpointError, match='model.head_dim'):
+    workdir_lib.check_or_write_config(workdir, tiny_config(**{'model.head_dim': 32}),
+                                   resuming_data=True)
+  a = train_lib.Setup(tiny_config(), sharding.build_mesh(tiny_config().mesh)).abstract_params
+  b = train_lib.Setup(changed, sharding.build_mesh(changed.mesh)).abstract_params
+  shapes = lambda t: jax.tree.map(lambda x: (x.shape, x.dtype), t)  # noqa: E731
+  assert shapes(a) == shapes(b)
 
 
 @pytest.mark.parametrize('overrides, error, match', [

@@ -90,8 +90,8 @@ class ModelConfig:
   # block per layer: XLA fuses and schedules across layers and keeps no stacked per-layer
   # buffers (on CPU, 2 cores: ~10% faster steps for the 4-layer models of benchmarks/
   # shapes.py, same compile time); compile time grows with depth, so the paper's scales scan.
-  # Parameters and checkpoints are the same either way.
-  scan_layers: bool = True
+  # Parameters and checkpoints are the same either way, so a resumption may change it.
+  scan_layers: bool = dataclasses.field(default=True, metadata=FREE_ON_RESUME)
   # auto (splash on TPU, cudnn on GPU where they fit, chunked / blockwise on CPU, else xla)
   # | xla | cudnn | splash (Pallas, TPU) | blockwise (pure-JAX online softmax) | chunked
   # (pure-JAX causal query chunks); gated_attention/model/attention_kernels.py
@@ -109,8 +109,9 @@ class ModelConfig:
   # G1 sigmoid multiplicative gates computed from X (gate.position='g1', headwise or
   # elementwise, not head-shared): one matmul yields the queries and the gate's logits, as the
   # authors build it (gating.py); False: a separate projection (same numbers in float32).
-  # Other gates always use the separate path.
-  fused_gate_projection: bool = True
+  # Other gates always use the separate path. The parameters are the same either way (the gate
+  # owns its kernel), so a resumption may change it.
+  fused_gate_projection: bool = dataclasses.field(default=True, metadata=FREE_ON_RESUME)
   # moe.py; the section's num_experts=0 (its default) is a dense SwiGLU FFN: moe=None
   moe: MoESpec | None = _section(MoESpec, None)
 
