@@ -6,7 +6,8 @@ paper's and Kaplan et al.'s N, and the training FLOPs C = FLOPs per token x toke
 model/transformer.py `train_flops_per_token`), a power law L = a * N^-alpha fitted per variant by
 least squares in log-log over every seed's run, its 95% interval from a bootstrap over seeds
 (resampled within each size), the same against C, and each size's gap between the baseline and a
-gated variant with its standard error. A pure power law has no irreducible term: with four sizes
+gated variant, paired by seed (a seed fixes both variants' data order), with its standard error
+and its trend per decade of N. A pure power law has no irreducible term: with four sizes
 a third parameter is not identified, so alpha here describes this range, not an asymptote.
 """
 
@@ -54,15 +55,20 @@ def bootstrap_alpha(points: dict, n: int = BOOTSTRAP, seed: int = 0) -> tuple[fl
   return float(lo), float(hi)
 
 
-def _points(results, key: str, variant: str) -> dict:
-  """{size: [val loss of each seed]} of one variant's finished runs (size: 'params' or 'flops';
-  FLOPs differ by a gate's few parameters, so a variant's own are used)."""
+def _by_seed(results, key: str, variant: str) -> dict:
+  """{size: {seed: val loss}} of one variant's finished runs (size: 'params' or 'flops'; FLOPs
+  differ by a gate's few parameters, so a variant's own are used)."""
   out = {}
   for r in results:
     loss = (r.report or {}).get('loss')
     if r.run.variant == variant and r.status == 'done' and loss is not None and r.size:
-      out.setdefault(r.size[key], []).append(float(loss))
+      out.setdefault(r.size[key], {})[r.run.seed] = float(loss)
   return out
+
+
+def _points(results, key: str, variant: str) -> dict:
+  """{size: [val loss of each seed]} of one variant's finished runs."""
+  return {k: list(v.values()) for k, v in _by_seed(results, key, variant).items()}
 
 
 def variants(results) -> list[str]:
@@ -87,20 +93,24 @@ def fits(results) -> dict:
 
 
 def gaps(results, reference: str = 'baseline') -> list[dict]:
-  """Per size and gated variant: reference loss - variant loss (positive: the gate helps),
-  mean over seeds and its standard error (the two groups' variances over their seeds)."""
-  base = _points(results, 'params', reference)
+  """Per size and gated variant: reference loss - variant loss (positive: the gate helps), the
+  mean over the seeds both have and its standard error over those seeds' differences: a seed
+  fixes both variants' data order (the held-out batches are the same for every run), so the
+  pairs share much of what varies between seeds (seeds one variant lacks are left out)."""
+  base = _by_seed(results, 'params', reference)
   rows = []
   for variant in variants(results):
     if variant == reference:
       continue
-    mine = _points(results, 'params', variant)
+    mine = _by_seed(results, 'params', variant)
     for (nb, yb), (nv, yv) in zip(sorted(base.items()), sorted(mine.items())):
-      yb, yv = np.asarray(yb, float), np.asarray(yv, float)
-      se = np.sqrt((yb.var(ddof=1) / len(yb) if len(yb) > 1 else 0.0) +
-                   (yv.var(ddof=1) / len(yv) if len(yv) > 1 else 0.0))
-      rows.append({'variant': variant, 'params': nb, 'params_variant': nv,
-                   'gap': float(yb.mean() - yv.mean()), 'se': float(se)})
+      seeds = sorted(set(yb) & set(yv))
+      if not seeds:
+        continue
+      d = np.asarray([yb[s] - yv[s] for s in seeds], float)
+      se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float('nan')
+      rows.append({'variant': variant, 'params': nb, 'params_variant': nv, 'seeds': seeds,
+                   'gap': float(d.mean()), 'se': se, 'per_seed': d.tolist()})
   return rows
 
 
@@ -134,10 +144,10 @@ def tables(results) -> str:
     lines.append(f'| {variant} | {p["alpha"]:.4f} | {interval(p)} | {p["a"]:.3f} | '
                  f'{c["alpha"]:.4f} | {interval(c)} |')
   if g:
-    lines += ['', '| non-embedding params | variant | baseline loss - variant loss | ± s.e. |',
-              '|---|---|---|---|']
-    lines += [f'| {int(r["params"]):,} | {r["variant"]} | {r["gap"]:+.4f} | {r["se"]:.4f} |'
-              for r in g]
+    lines += ['', '| non-embedding params (baseline) | variant | baseline loss - variant loss, '
+              'paired by seed | ± s.e. | per seed |', '|---|---|---|---|---|']
+    lines += [f'| {int(r["params"]):,} | {r["variant"]} | {r["gap"]:+.4f} | {r["se"]:.4f} | '
+              f'{", ".join(f"{x:+.3f}" for x in r["per_seed"])} |' for r in g]
     for variant in dict.fromkeys(r['variant'] for r in g):
       trend = gap_trend(g, variant)
       if trend:
