@@ -176,6 +176,10 @@ METRICS = {
     'm_act_mean': ('M-Act', _from_report('m_act_mean'), '.1f'),
     'm_act_layers': ('M-Act per layer', _from_report('m_act', lambda m: m['ffn_residual']), '.0f'),
     'gate_score_mean': ('gate score', _from_report('gate_score_mean'), '.3f'),
+    # the gate's sparsity: the share of gate scores below 0.1 (Qiu et al. 2025, Fig. 3)
+    'gate_sparse': (f'gate scores {metrics_lib.GATE_FRAC_KEY.replace("frac_below_", "< ")}',
+                    _from_report('gate', lambda g: g.get(f'{metrics_lib.GATE_FRAC_KEY}_mean')),
+                    '.3f'),
     # the guard's spikes as the analysis counts them (metrics.stability, every attempt's rows)
     'loss_spikes': ('loss spikes', _from_report('stability', lambda s: s['spikes']), '.1f'),
     'train_minutes': ('train min', _seconds('train_seconds'), '.1f'),
@@ -189,9 +193,9 @@ METRICS = {
                     'layer_count'),
     'sink_layer': ('sink layer (largest F-Attn)', _sink_layer, 'mode'),
     # a run's size (experiments/scaling.py): non-embedding parameters, tokens and FLOPs trained
-    'params': ('non-embedding params', lambda r: r.size.get('params'), '.4g'),
-    'train_tokens': ('tokens trained', lambda r: r.size.get('tokens'), '.3g'),
-    'train_flops': ('training FLOPs', lambda r: r.size.get('flops'), '.3g'),
+    'params': ('non-embedding params', lambda r: r.size.get('params'), '=,.0f'),
+    'train_tokens': ('tokens trained', lambda r: r.size.get('tokens'), '=.3g'),
+    'train_flops': ('training FLOPs', lambda r: r.size.get('flops'), '=.3g'),
     # the largest activation: the seeds whose peak is born on the first token (BOS), and where
     'm_act_bos': ('M-Act peak on token 0', _origin('first_token'), 'count'),
     'm_act_origin': ('M-Act peak born at', _origin_label, 'mode'),
@@ -243,6 +247,9 @@ def _cell(values: list, fmt: str, per_seed: bool = False) -> str:
     return '-'
   if fmt == 'count':
     return f'{int(sum(bool(v) for v in values))}/{len(values)}'
+  if fmt.startswith('='):  # one value for the group (a size): shown once, or each if they differ
+    distinct = list(dict.fromkeys(values))
+    return ' / '.join(format(v, fmt[1:]) for v in distinct)
   if fmt == 'layer_count':  # per-layer 0/1 values: each layer's count and its Wilson interval
     n = len(values)
     cells = []
@@ -302,7 +309,8 @@ def summary(experiment, results: list[Result]) -> dict:
       values = [get(r) for r in done]
       entry[name] = {'values': values}
       kept = [v for v in values if v is not None]
-      if kept and METRICS[name][2] in ('count', 'mode', 'layer_count'):
+      if kept and (METRICS[name][2] in ('count', 'mode', 'layer_count')
+                   or METRICS[name][2].startswith('=')):
         entry[name]['cell'] = _cell(kept, METRICS[name][2])
       elif kept:
         arr = np.asarray(kept, float)

@@ -115,17 +115,18 @@ def gaps(results, reference: str = 'baseline') -> list[dict]:
 
 
 def gap_trend(rows: list[dict], variant: str) -> tuple[float, float] | None:
-  """(slope, standard error) of the gap against log10 N, weighted least squares: > 0 means the
-  advantage grows with scale."""
+  """(slope, standard error) of the per-seed gaps against log10 N, ordinary least squares over
+  every seed of every size (the error from the residuals, n - 2 degrees of freedom): > 0 means
+  the advantage grows with scale. None with fewer than 3 gaps or 2 sizes."""
   rs = [r for r in rows if r['variant'] == variant]
-  if len(rs) < 3:
+  x = np.asarray([np.log10(r['params']) for r in rs for _ in r['per_seed']], float)
+  y = np.asarray([d for r in rs for d in r['per_seed']], float)
+  if len(y) < 3 or len(set(x.tolist())) < 2:
     return None
-  x = np.log10([r['params'] for r in rs])
-  y = np.asarray([r['gap'] for r in rs])
-  w = 1.0 / np.maximum(np.asarray([r['se'] for r in rs]), 1e-6) ** 2
-  xm = np.sum(w * x) / np.sum(w)
-  slope = np.sum(w * (x - xm) * (y - np.sum(w * y) / np.sum(w))) / np.sum(w * (x - xm) ** 2)
-  return float(slope), float(np.sqrt(1.0 / np.sum(w * (x - xm) ** 2)))
+  sxx = np.sum((x - x.mean()) ** 2)
+  slope = np.sum((x - x.mean()) * (y - y.mean())) / sxx
+  resid = y - (y.mean() + slope * (x - x.mean()))
+  return float(slope), float(np.sqrt(np.sum(resid ** 2) / (len(y) - 2) / sxx))
 
 
 def tables(results) -> str:
@@ -151,7 +152,7 @@ def tables(results) -> str:
     for variant in dict.fromkeys(r['variant'] for r in g):
       trend = gap_trend(g, variant)
       if trend:
-        lines.append(f'\nGap of {variant} against log10 N (weighted least squares): '
+        lines.append(f'\nGap of {variant} against log10 N (least squares over every seed): '
                      f'{trend[0]:+.4f} ± {trend[1]:.4f} per decade.')
   return '\n'.join(lines)
 

@@ -38,6 +38,6 @@ OVERRIDES = {
 }
 ANALYZE_OVERRIDES = {'data.val_batches': 16}
 COLUMNS = ['params', 'train_tokens', 'train_flops', 'val_loss', 'f_attn_max', 'm_act_mean',
-           'm_act_ratio', 'gate_score_mean', 'loss_spikes', 'train_minutes']
+           'm_act_ratio', 'gate_score_mean', 'gate_sparse', 'loss_spikes', 'train_minutes']
 PER_SEED = ['val_loss']
 POINT_NAMES = ['n25k', 'n99k', 'n323k', 'n788k']

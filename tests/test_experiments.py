@@ -218,6 +218,8 @@ def test_mean_and_std_cells():
   assert report._cell([[0.1, 0.9], [0.3, 0.7]], '.1f') == '0.2 / 0.8'
   assert report._cell([None], '.1f') == '-'
   assert report._cell([1.0, 0.0, None, 1.0], 'count') == '2/3'
+  assert report._cell([24800, 24800], '=,.0f') == '24,800'
+  assert report._cell([2.5e10, 2.6e10], '=.3g') == '2.5e+10 / 2.6e+10'
   assert report._cell(['L0 ffn_out', 'L1 attn_out', 'L0 ffn_out'], 'mode') == (
       'L0 ffn_out (2/3), L1 attn_out (1/3)')
 
@@ -572,15 +574,14 @@ def test_scaling_fits_against_independent_least_squares():
   points = {s: list(y[x == s]) for s in sizes}
   lo, hi = scaling.bootstrap_alpha(points)
   assert lo < alpha < hi and hi - lo < 0.05
-  # the gap trend: weighted least squares of the gap on log10 N
-  rows = [{'variant': 'g', 'params': n, 'gap': g, 'se': s} for n, g, s in
-          zip(sizes, [0.010, 0.014, 0.022, 0.025], [0.002, 0.003, 0.002, 0.004])]
-  w = np.sqrt(1 / np.array([r['se'] for r in rows]) ** 2)
-  design = np.stack([np.ones(4), np.log10(sizes)], axis=1) * w[:, None]
-  (_, slope), *_ = np.linalg.lstsq(design, np.array([r['gap'] for r in rows]) * w, rcond=None)
-  cov = np.linalg.inv(design.T @ design)
-  got = scaling.gap_trend(rows, 'g')
-  assert got == pytest.approx((slope, np.sqrt(cov[1, 1])), rel=1e-9)
+  # the gap trend: least squares of every seed's gap on log10 N, with the residuals' error
+  per_seed = rng.normal(0.01, 0.01, (4, 3)) + 0.004 * np.log10(sizes)[:, None]
+  rows = [{'variant': 'g', 'params': n, 'per_seed': list(d)} for n, d in zip(sizes, per_seed)]
+  xs = np.repeat(np.log10(sizes), 3)
+  design = np.stack([np.ones(12), xs], axis=1)
+  coef, rss, *_ = np.linalg.lstsq(design, per_seed.reshape(-1), rcond=None)
+  cov = rss[0] / (12 - 2) * np.linalg.inv(design.T @ design)
+  assert scaling.gap_trend(rows, 'g') == pytest.approx((coef[1], np.sqrt(cov[1, 1])), rel=1e-9)
 
 
 def test_scaling_tables_and_sizes_of_a_run(tmp_path):
