@@ -264,7 +264,8 @@ def test_model_section_defaults_are_the_dataclass_defaults():
 def test_what_a_saved_run_may_change_is_declared_on_the_fields():
   from gated_attention.runs import rundir  # pylint: disable=g-import-not-at-top
   assert set(rundir.MODEL_FREE) == {'remat', 'attention_impl', 'attention_block_q',
-                                    'attention_block_kv', 'attention_fused_bwd', 'dtype'}
+                                    'attention_block_kv', 'attention_fused_bwd', 'dtype',
+                                    'scan_layers', 'fused_gate_projection'}
   assert set(rundir.EVAL_FREE) == set(rundir.MODEL_FREE) | {'rope_base', 'rope_scaling'}
   assert rundir.CHECKPOINT_FIELDS == ('data.tokenizer',)
   assert set(rundir.ITERATOR_FIELDS) == {
