@@ -187,35 +187,28 @@ def _check_keys(path: str, variants, scale, override_sets):
   fail every run at its start)."""
   for variant in variants:
     try:
-      file = os.path.join(REPO, 'configs', f'{variant}.py')
-      module_spec = importlib.util.spec_from_file_location(f'_config_{variant}', file)
-      module = importlib.util.module_from_spec(module_spec)
-      module_spec.loader.exec_module(module)
-      config = module.get_config(scale)
+      config = importlib.import_module(f'configs.{variant}').get_config(scale).to_dict()
     except Exception as e:  # pylint: disable=broad-except
       raise ExperimentError(f'{path}: configs/{variant}.py:{scale} cannot be made: '
                             f'{type(e).__name__}: {e}') from e
-    flat = _flat(config.to_dict())
     for name, overrides in override_sets:
-      unknown = [k for k in overrides if k not in flat and not _under_dict(flat, k)]
+      unknown = [k for k in overrides if not _has_field(config, k)]
       if unknown:
         raise ExperimentError(f'{path}: {name} names {unknown}, which configs/{variant}.py does '
                               'not have; check the spelling (configs/base.py lists the fields).')
 
 
-def _flat(d: dict, prefix: str = '') -> dict:
-  out = {}
-  for k, v in d.items():
-    out[prefix + k] = v
-    if isinstance(v, dict):
-      out.update(_flat(v, f'{prefix}{k}.'))
-  return out
-
-
-def _under_dict(flat: dict, key: str) -> bool:
-  """A key under a free-form dict field of the config (one whose keys are not fixed)."""
-  parent = key.rsplit('.', 1)[0] if '.' in key else ''
-  return parent in flat and isinstance(flat[parent], dict) and not flat[parent]
+def _has_field(config: dict, key: str) -> bool:
+  """Whether 'section.field' is a field of `config` (a key directly under a free-form field,
+  an empty dict whose keys are not fixed, counts)."""
+  node, parts = config, key.split('.')
+  for i, part in enumerate(parts):
+    if not isinstance(node, dict):
+      return False
+    if part not in node:
+      return not node and i == len(parts) - 1
+    node = node[part]
+  return True
 
 
 def _check_long_context(path: str, m):
@@ -249,7 +242,7 @@ def _point_label(point: dict) -> str:
 
 
 def _check(path: str, variants, seeds, columns, known_columns):
-  if not isinstance(variants, list) or not variants:
+  if not variants:
     raise ExperimentError(f'{path}: VARIANTS must list at least one config name.')
   for v in variants:
     if not os.path.isfile(os.path.join(REPO, 'configs', f'{v}.py')):
@@ -302,11 +295,10 @@ def load(path: str, known_columns) -> Experiment:
     raise ExperimentError(f'{path}: PER_SEED names {sorted(set(per_seed) - set(columns))}, '
                           'which are not in COLUMNS.')
   runs = []
-  names = dict(zip(range(len(points)), point_names or []))
   for variant in variants:
     for index, chosen in enumerate(points):
       for point in itertools.product(*[[(k, v) for v in vs] for k, vs in grid.items()]):
-        labels = ([names[index]] if index in names else
+        labels = ([point_names[index]] if point_names else
                   [_point_label(chosen)] if chosen else [])
         group = '_'.join([variant] + labels + [_label(k, v) for k, v in point])
         overrides = {**common, **per_variant.get(variant, {}), **chosen, **dict(point)}

@@ -123,6 +123,12 @@ def _settings(shapes: dict) -> dict:
   return out
 
 
+def summarize_differences(diffs: list[str]) -> str:
+  """The first three of shape_differences' lines, and how many more there are."""
+  more = f' (and {len(diffs) - 3} more)' if len(diffs) > 3 else ''
+  return f'{"; ".join(diffs[:3])}{more}'
+
+
 class Checkpointer:
   """The orbax CheckpointManager of one workdir: `save`, `restore_latest`, `restore_params`."""
 
@@ -358,10 +364,9 @@ class Checkpointer:
   def check_shapes(self, step: int, abstract_params: dict):
     diffs = self.shape_differences(step, abstract_params)
     if diffs:
-      more = f' (and {len(diffs) - 3} more)' if len(diffs) > 3 else ''
       raise CheckpointError(
           f'Checkpoint {step} in {self.directory} holds a model of other shapes than this config: '
-          f'{"; ".join(diffs[:3])}{more}. The checkpoint is intact and was left as it is. The '
+          f'{summarize_differences(diffs)}. The checkpoint is intact and was left as it is. The '
           'config differs from the one the run was trained with (is its config.json missing or '
           'replaced?): resume with the run\'s own settings (the same --config and --config.model.* '
           'overrides), or train the new shape in a new --workdir, with '

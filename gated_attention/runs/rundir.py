@@ -484,10 +484,16 @@ class Run:
     return None if self.workdir is None else read_report(self.workdir)
 
 
+def _no_tokenizer(config) -> bool:
+  """A run that records no tokenizer (imported from a Hugging Face folder without
+  tokenizer.json; the synthetic tasks bring their own)."""
+  return config.data.get('source') != 'synthetic' and not config.data.get('tokenizer')
+
+
 def _tokenizer(config):
-  """The run's tokenizer; None for a run that records none (imported from a Hugging Face folder
-  without tokenizer.json): its parameters still open (export, the notebook)."""
-  if config.data.get('source') != 'synthetic' and not config.data.get('tokenizer'):
+  """The run's tokenizer; None for a run that records none: its parameters still open (export,
+  the notebook)."""
+  if _no_tokenizer(config):
     return None
   import input_pipeline  # pylint: disable=g-import-not-at-top
   return input_pipeline.data_tokenizer(config.data)
@@ -495,7 +501,7 @@ def _tokenizer(config):
 
 def check_tokenizer(workdir: str, config, what: str):
   """Refuses `what` (text in, text out) for a run that records no tokenizer, naming the fix."""
-  if config.data.get('source') != 'synthetic' and not config.data.get('tokenizer'):
+  if _no_tokenizer(config):
     raise RunError(
         f'The run in {workdir} records no tokenizer (it was imported from a Hugging Face folder '
         f'without tokenizer.json), so {what} cannot turn text into tokens. Name the one the model '

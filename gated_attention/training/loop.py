@@ -159,10 +159,9 @@ def _check_init_from(source: str, abstract_params: dict):
   finally:
     source_ckpt.close()
   if diffs:
-    more = f' (and {len(diffs) - 3} more)' if len(diffs) > 3 else ''
     raise CheckpointError(
         f'--config.train.init_from={source} holds a model of other shapes than this config: '
-        f'{"; ".join(diffs[:3])}{more}. A warm start copies the parameters, so the model settings '
+        f'{ckpt_lib.summarize_differences(diffs)}. A warm start copies the parameters, so the model settings '
         f'must be that run\'s (--config=configs/from_run.py:{source} has them), or drop '
         'init_from to train from scratch.')
 

@@ -179,21 +179,11 @@ def _bos(config, tokenizer_files: list, byte_tokenizer: bool) -> tuple[str, int]
   return getattr(tok, 'bos_token', None), int(tok.bos_id)
 
 
-def _names_bos(out_dir: str) -> bool:
-  """Whether the exported tokenizer_config.json names a BOS token (transformers reads it)."""
-  path = os.path.join(out_dir, 'tokenizer_config.json')
-  try:
-    with open(path) as f:
-      cfg = json.load(f)
-  except (OSError, ValueError):
-    return False
-  return isinstance(cfg, dict) and bool(cfg.get('bos_token'))
-
-
-def _tokenizer_config(out_dir: str, bos_token: str) -> dict:
+def _tokenizer_config(out_dir: str, bos_token: str) -> dict | None:
   """tokenizer_config.json naming the run's BOS (also as EOS: documents are separated by BOS
-  alone), on top of the exported one if there is one: without it transformers loads a bare
-  tokenizer.json with bos_token None, while the project's sampling starts from this BOS."""
+  alone), on top of the exported one if there is one; None when the exported one names a BOS
+  already. Without it transformers loads a bare tokenizer.json with bos_token None, while the
+  project's sampling starts from this BOS."""
   cfg = {}
   path = os.path.join(out_dir, 'tokenizer_config.json')
   if os.path.isfile(path):
@@ -203,6 +193,8 @@ def _tokenizer_config(out_dir: str, bos_token: str) -> dict:
     except ValueError:
       cfg = {}
   cfg = cfg if isinstance(cfg, dict) else {}
+  if cfg.get('bos_token'):
+    return None
   cfg.setdefault('tokenizer_class', 'PreTrainedTokenizerFast')
   cfg.update(bos_token=bos_token, eos_token=cfg.get('eos_token') or bos_token)
   cfg.setdefault('add_bos_token', False)
@@ -253,8 +245,9 @@ def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
                 hf_config.generation_config(config, cfg))
     for src, name in tokenizer + code:
       shutil.copyfile(src, os.path.join(tmp, name))
-    if bos is not None and not byte_tokenizer and not _names_bos(tmp):
-      _write_json(os.path.join(tmp, 'tokenizer_config.json'), _tokenizer_config(tmp, bos[0]))
+    tok_cfg = None if bos is None or byte_tokenizer else _tokenizer_config(tmp, bos[0])
+    if tok_cfg is not None:
+      _write_json(os.path.join(tmp, 'tokenizer_config.json'), tok_cfg)
     if byte_tokenizer:
       from input_pipeline.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
       ByteTokenizer().save_hf(tmp)

@@ -10,6 +10,7 @@ starts a fresh optimizer and data iterator from it: continued training or fine-t
 data source) open it unchanged.
 """
 
+import contextlib
 import gc
 import os
 import shutil
@@ -54,8 +55,8 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
   count = int(sum(x.size for x in jax.tree.leaves(params)))
   _check_room(workdir, int(sum(x.nbytes for x in jax.tree.leaves(params))))
   created = not os.path.exists(workdir)
-  new = [p for p in (os.path.join(workdir, rundir.CONFIG_FILE), os.path.join(workdir, 'checkpoints'))
-         if not os.path.exists(p)]
+  new = [p for p in (os.path.join(workdir, rundir.CONFIG_FILE),
+                     os.path.join(workdir, ckpt_lib.CHECKPOINTS_DIR)) if not os.path.exists(p)]
   try:
     rundir.check_or_write_config(workdir, config)
     checkpointer = ckpt_lib.Checkpointer(workdir)
@@ -67,7 +68,11 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
       checkpointer.close()
   except (CheckpointError, OSError) as e:  # a full or failing disk: nothing half-imported is kept
     for path in new:
-      shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else _remove(path)
+      if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+      else:
+        with contextlib.suppress(OSError):
+          os.remove(path)
     if created and os.path.isdir(workdir) and not os.listdir(workdir):
       os.rmdir(workdir)
     cause = e.__cause__ if isinstance(e, CheckpointError) and e.__cause__ else e
@@ -81,13 +86,6 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
           'parameters': count,
           'read_seconds': round(t_read, 1), 'seconds': round(time.time() - t0, 1),
           'peak_rss_gib': round(_peak_rss_gib(), 2)}
-
-
-def _remove(path: str):
-  try:
-    os.remove(path)
-  except OSError:
-    pass
 
 
 def _check_room(workdir: str, nbytes: int):
