@@ -2,7 +2,7 @@
 
 For each model, a few training steps (train.Setup.train_step: forward, backward, AdamW; bf16
 compute, float32 parameters) on random tokens, after one compiling step:
-  tiny            configs/base.py's tiny model (0.9 M parameters, 128 tokens), batch 256
+  tiny            the tiny scale's model (0.9 M parameters, 128 tokens), batch 256
   dense_100m      the dense_90m scale (12 layers, d=768, 2,048 tokens), batch 32
   dense_1p7b_28l  the paper's 1.7B dense model (28 layers, 4,096 tokens, full remat), batch 16
 Each model runs in its own subprocess, so its peak memory is its own (the device's
@@ -39,7 +39,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# model name -> (scale of configs/base.py, first batch size to try)
+# model name -> (scale of gated_attention/config/scales.py, first batch size to try)
 MODELS = {'tiny': ('tiny', 256), 'dense_100m': ('dense_90m', 32),
           'dense_1p7b_28l': ('dense_1p7b_28l', 16)}
 XLA_FLAGS = {'--xla_gpu_enable_latency_hiding_scheduler': 'true',

@@ -30,7 +30,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOKENS_PER_STEP = 32 * 2048          # sink_accelerator's batch x context (configs/base.py)
+TOKENS_PER_STEP = 32 * 2048          # sink_accelerator's batch x context (gated_attention/config/scales.py)
 MAX_STEPS = 4000                     # the recipe's length
 FALLBACK_STEPS = 1000
 RUN_OVERHEAD_S = 90.0                # a run's compile, evaluations, checkpoints, analysis

@@ -20,7 +20,7 @@ GATES = {'baseline': None, 'g1_headwise': 'headwise', 'g1_elementwise': 'element
 
 
 def model_fields(shape: str) -> dict:
-  """The `model` config fields of a shape (configs/base.py names)."""
+  """The `model` config fields of a shape (gated_attention/model/config.py names)."""
   s = dict(SHAPES[shape])
   del s['batch'], s['seq_len']
   return dict(s, vocab_size=VOCAB)

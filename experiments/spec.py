@@ -195,7 +195,7 @@ def _check_keys(path: str, variants, scale, override_sets):
       unknown = [k for k in overrides if not _has_field(config, k)]
       if unknown:
         raise ExperimentError(f'{path}: {name} names {unknown}, which configs/{variant}.py does '
-                              'not have; check the spelling (configs/base.py lists the fields).')
+                              'not have; check the spelling (gated_attention/config/schema.py lists the fields).')
 
 
 def _has_field(config: dict, key: str) -> bool:

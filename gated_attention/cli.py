@@ -14,8 +14,9 @@ import textwrap
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-import configs
+import gated_attention
 from gated_attention import modes
+from gated_attention.config import schema
 from gated_attention.runs import rundir
 from gated_attention.errors import UserError
 
@@ -31,13 +32,13 @@ def _bad_override(e: Exception):
     raise e
   given = [a for a in sys.argv[1:] if a.startswith('--config.')]
   _fail(f'Error in a --config override ({", ".join(given)}): {type(e).__name__}: {e}. Overrides '
-        'must name fields of the config (configs/base.py lists them) and give values of their '
+        'must name fields of the config (gated_attention/config/schema.py lists them) and give values of their '
         'type.')
 
 
 # configs/ of this installation: --config=configs/<variant>.py is found here when the working
 # directory has no such file (the console command run outside the repository).
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(configs.__file__)))
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(gated_attention.__file__)))
 DEFAULT_CONFIG = 'configs/g1_elementwise.py'
 
 
@@ -94,7 +95,6 @@ def _parse_flags(argv):
   try:
     argv = FLAGS(argv)
     FLAGS.config.get('model')  # a config file that failed to load raises here
-    return argv
   except OSError as e:
     if os.environ.get('GATED_ATTENTION_TRACEBACK'):
       raise
@@ -127,6 +127,14 @@ def _parse_flags(argv):
     where = f' (at {last.filename}, line {last.lineno}: {last.line})' if last else ''
     _fail(f'Error in the command line: --config: the config file raised {type(e).__name__}: '
           f'{e}{where}.')
+  try:  # a key the file added that is no field (c.train.stepz = 10), a value of the wrong kind
+    given = [a for a in sys.argv[1:] if a.startswith('--config=')]
+    schema.check(FLAGS.config, where=given[-1] if given else f'--config={DEFAULT_CONFIG}')
+  except UserError as e:
+    if os.environ.get('GATED_ATTENTION_TRACEBACK'):
+      raise
+    _fail(f'Error in the command line: {e}')
+  return argv
 
 
 def main(argv):

@@ -53,7 +53,7 @@ def train_bpe(data_cfg, vocab_size: int, out_path: str, *, max_bytes: int = 0,
 
 
 def main():
-  from configs import base  # pylint: disable=g-import-not-at-top
+  from gated_attention.config import scales  # pylint: disable=g-import-not-at-top
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--vocab_size', type=int, default=16384)
   p.add_argument('--out', required=True, help='the tokenizer.json to write')
@@ -61,7 +61,7 @@ def main():
   p.add_argument('--path', default='', help='data.path for file sources')
   p.add_argument('--max_megabytes', type=float, default=0.0, help='0: every training document')
   a = p.parse_args()
-  data_cfg = base.data_config()
+  data_cfg = scales.data_config()
   data_cfg.update(source=a.source, path=a.path)
   print(train_bpe(data_cfg, a.vocab_size, a.out, max_bytes=int(a.max_megabytes * 1e6)))
 

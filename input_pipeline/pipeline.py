@@ -305,7 +305,7 @@ def data_tokenizer(data_cfg) -> Tokenizer:
 
 def build_data(data_cfg, *, global_batch_size: int, seed: int, process_index: int = 0,
                process_count: int = 1) -> Data:
-  """Reads, splits and checks the data of `data_cfg` (configs/base.py `c.data`).
+  """Reads, splits and checks the data of `data_cfg` (the run config's `data` section, gated_attention/config/schema.py).
 
   Everything that can be checked before training is: a bad source, path, tokenizer or batch
   size raises DataError (a ValueError) whose message names the setting and the fix.

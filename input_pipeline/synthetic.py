@@ -78,28 +78,28 @@ _TASK_TAG, _TRAIN, _VAL, _PROBE = 0, 1, 2, 3  # first words of the seed sequence
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-  """One task: its name and the `data.synthetic` settings (see configs/base.py)."""
+  """One task: its name (data.task) and the `data.synthetic` settings, whose defaults and
+  comments the run config's schema declares (gated_attention/config/schema.py, Synthetic)."""
   name: str
   vocab: int
   triggers: int
   branching: int
-  doc_len: int  # tokens per document, BOS included
+  doc_len: int  # tokens per document, BOS included (data.synthetic.doc_len, 0 resolved)
   task_seed: int
-  copy_share: float = 0.0  # share of targets that follow a trigger (0: the chain decides)
-  pairs: int = 8           # mqar: key-value pairs per document
-  key_tokens: int = 16     # mqar: key tokens (ids 0..key_tokens-1)
-  value_tokens: int = 16   # mqar: value tokens (the next value_tokens ids); filler: the rest
-  query_rate: float = 0.25  # mqar: share of the haystack's tokens that are query keys
-  filler: str = 'uniform'  # mqar: uniform | skip_bigram (the row of the token two back)
+  copy_share: float
+  pairs: int
+  key_tokens: int
+  value_tokens: int
+  query_rate: float
+  filler: str
 
   @classmethod
   def from_config(cls, data_cfg) -> 'TaskSpec':
     s = data_cfg.synthetic
     doc_len = int(s.doc_len) or int(data_cfg.seq_len) + 1
     spec = cls(str(data_cfg.task), int(s.vocab), int(s.triggers), int(s.branching), doc_len,
-               int(s.task_seed), float(s.get('copy_share', 0.0)), int(s.get('pairs', 8)),
-               int(s.get('key_tokens', 16)), int(s.get('value_tokens', 16)),
-               float(s.get('query_rate', 0.25)), str(s.get('filler', 'uniform')))
+               int(s.task_seed), float(s.copy_share), int(s.pairs), int(s.key_tokens),
+               int(s.value_tokens), float(s.query_rate), str(s.filler))
     spec.check()
     return spec
 

@@ -1,13 +1,13 @@
 """input_pipeline/bpe.py (a BPE trained offline on a source's training split) and the
 builtin_large source it is meant for."""
 
-from configs import base
+from gated_attention.config import scales
 from input_pipeline import bpe, make_tokenizer
 from input_pipeline.sources import load_documents, split_documents
 
 
 def test_bpe_trains_on_the_training_split_and_round_trips(tmp_path):
-  cfg = base.data_config()
+  cfg = scales.data_config()
   out = tmp_path / 'tok' / 'tokenizer.json'
   info = bpe.train_bpe(cfg, 400, str(out), max_bytes=300_000)
   assert info['vocab_size'] == 400 and 0 < info['megabytes'] < 1.0
@@ -20,7 +20,7 @@ def test_bpe_trains_on_the_training_split_and_round_trips(tmp_path):
 
 
 def test_builtin_large_is_the_stdlib_and_the_installed_packages():
-  cfg = base.data_config()
+  cfg = scales.data_config()
   small = load_documents(cfg)
   cfg.source = 'builtin_large'
   large = load_documents(cfg)

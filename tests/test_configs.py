@@ -13,6 +13,8 @@ import pytest
 from flax import nnx
 
 from configs import base, from_run
+from gated_attention.runs import upgrade
+from gated_attention.config import scales
 from gated_attention.errors import CheckpointError, ConfigError
 from gated_attention.model import config as model_config_lib
 from gated_attention.model import gating, moe as moe_lib, rope as rope_lib, transformer as model
@@ -62,7 +64,7 @@ def test_variant_builds_and_validates(variant):
   assert c.variant == variant
   assert c.scale == _scale_for(variant)
   spec = gating.GateSpec.from_config(c.model.gate)
-  assert dict(c.model.gate) == dict(base.gate_config(), **EXPECTED_GATES[variant])
+  assert dict(c.model.gate) == dict(scales.gate_config(), **EXPECTED_GATES[variant])
   assert spec.position == EXPECTED_GATES[variant].get('position', 'none')
   # only the gate (and the baselines' documented changes) differ from the base config
   b = base.get_config(c.scale)
@@ -116,18 +118,18 @@ def test_more_experts_on_dense_scale_is_a_clear_error(scale):
 
 
 def test_paper_scale_shapes():
-  m = base.model_config('dense_1p7b_28l')
+  m = scales.model_config('dense_1p7b_28l')
   assert (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_size,
           m.vocab_size, m.tie_embeddings) == (28, 2048, 16, 8, 128, 6144, 151_936, True)
-  m = base.model_config('dense_1p7b_48l')
+  m = scales.model_config('dense_1p7b_48l')
   assert (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_size,
           m.tie_embeddings) == (48, 1536, 16, 8, 128, 4608, True)
-  m = base.model_config('moe_15a2b')
+  m = scales.model_config('moe_15a2b')
   assert (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
           m.tie_embeddings) == (24, 2048, 32, 4, 128, False)
   assert (m.moe.num_experts, m.moe.top_k, m.moe.expert_ffn_size) == (128, 8, 768)
   for scale in base.SCALES:
-    m = base.model_config(scale)
+    m = scales.model_config(scale)
     assert m.qk_norm and m.rope_scaling.type == 'none'
 
 
@@ -226,7 +228,7 @@ def test_model_section_keys_are_the_dataclass_fields(scale):
   """Every key of the `model` section (and of its gate, moe, rope_scaling sections) is a field
   of its dataclass or a declared resolved key, and every field is a key, with a value of the
   field's type (int stays int, float float)."""
-  m = base.model_config(scale).to_dict()
+  m = scales.model_config(scale).to_dict()
   for path, cls in SCHEMA_SECTIONS.items():
     section = _section(m, path)
     keys = {f.name for f in _config_fields(cls)}
@@ -244,7 +246,7 @@ def test_model_section_defaults_are_the_dataclass_defaults():
   """The section's defaults are the dataclasses' defaults (the tiny scale adds only
   scan_layers=False), and ModelConfig.from_config of the defaults is the dataclass default but
   for what it resolves."""
-  m = base.model_config('tiny').to_dict()
+  m = scales.model_config('tiny').to_dict()
   assert m.pop('scan_layers') is False
   for path, cls in SCHEMA_SECTIONS.items():
     for f in _config_fields(cls):
@@ -253,10 +255,10 @@ def test_model_section_defaults_are_the_dataclass_defaults():
   for name, (default, into) in model_config_lib.RESOLVED_KEYS.items():
     assert m[name] == default and into in {f.name for f in dataclasses.fields(
         model_config_lib.ModelConfig)}
-  assert dict(base.gate_config()) == dataclasses.asdict(gating.GateSpec())
-  assert dict(base.moe_config()) == {f.name: f.default for f in dataclasses.fields(
+  assert dict(scales.gate_config()) == dataclasses.asdict(gating.GateSpec())
+  assert dict(scales.moe_config()) == {f.name: f.default for f in dataclasses.fields(
       moe_lib.MoESpec)}
-  cfg = model_config_lib.ModelConfig.from_config(base.model_config('tiny'), platform='cpu')
+  cfg = model_config_lib.ModelConfig.from_config(scales.model_config('tiny'), platform='cpu')
   assert cfg == dataclasses.replace(model_config_lib.ModelConfig(), scan_layers=False,
                                     platform='cpu')
 
@@ -288,7 +290,7 @@ def test_what_a_saved_run_may_change_is_declared_on_the_fields():
 @pytest.mark.parametrize('path, key', [('', 'num_layer'), ('gate', 'postion'),
                                        ('moe', 'topk'), ('rope_scaling', 'facter')])
 def test_unknown_model_keys_are_refused_by_name(path, key):
-  m = base.model_config('moe_tiny').to_dict()
+  m = scales.model_config('moe_tiny').to_dict()
   _section(m, path)[key] = 1
   where = 'config.model' + (f'.{path}' if path else '')
   with pytest.raises(ConfigError, match=rf'{re.escape(where)} has unknown field\(s\) {key};'
@@ -321,7 +323,7 @@ def test_saved_config_with_unknown_keys_is_refused_by_name(tmp_path):
 def test_saved_config_from_an_earlier_version_opens(tmp_path, monkeypatch):
   """A key that an earlier version wrote and was renamed since moves to its new name; one that
   was removed is dropped; a field added since takes its default; the import's hf section stays."""
-  monkeypatch.setattr(base, 'RETIRED_KEYS', {
+  monkeypatch.setattr(upgrade, 'RETIRED_KEYS', {
       'model.attn_impl': ('rename', 'model.attention_impl'),
       'train.old_schedule': ('drop', 'the schedule is always cosine')})
   saved = base.get_config('tiny').to_dict()

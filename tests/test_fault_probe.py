@@ -401,6 +401,18 @@ def _raising_config(t, b):
               match='the config file raised RuntimeError: boom in config')
 
 
+def _misspelt_field(t, b):
+  """A variant file that sets a field that does not exist (ml_collections adds it): refused when
+  the run starts, naming the field and the one meant, before anything is written (issue 38)."""
+  bad = t / 'typo.py'
+  bad.write_text('from configs import base\n\n\ndef get_config(scale="tiny"):\n'
+                 '  c = base.get_config(scale)\n  c.train.stepz = 10\n  return c\n')
+  new = t / 'new'
+  return Case([f'--config={bad}', f'--workdir={new}'],
+              match=r'train\.stepz \(did you mean train\.steps\?\)',
+              check=lambda _: not new.exists())
+
+
 # Imported runs
 
 def _no_tokenizer_run(t):
@@ -494,6 +506,7 @@ CASES = {
     'heads that do not divide': _new_run(['--config.model.num_heads=3',
                                           '--config.model.num_kv_heads=2'], 'multiple of'),
     'config file that raises': _raising_config,
+    'config file that sets a misspelt field': _misspelt_field,
     # imported runs
     'sample, imported without tokenizer': _no_tokenizer('sample'),
     'analyze, imported without tokenizer': _no_tokenizer('analyze'),

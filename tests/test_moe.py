@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import base
+from gated_attention.config import scales
 from gated_attention.model import grouped_matmul as gmm_lib
 from gated_attention.model import moe as moe_lib
 from tests.jax_helpers import model_config
@@ -22,7 +22,7 @@ jax.config.update('jax_default_matmul_precision', 'highest')
 
 
 def make(dispatch='dropless', renormalize=False, shared=0, cf=1.25, lb='global', seed=0, dtype='float32'):
-  cfg = base.model_config('moe_tiny')
+  cfg = scales.model_config('moe_tiny')
   cfg.update(hidden_size=D, init_std=0.5, dtype=dtype)  # big std: well-separated router probabilities
   cfg.moe.update(num_experts=E, top_k=K, expert_ffn_size=F, num_shared_experts=shared,
                  renormalize=renormalize, dispatch=dispatch, capacity_factor=cf,
@@ -238,7 +238,7 @@ def test_grouped_matmul_megablox_matches_ragged_dot(M, Kd, N, grouped):
 
 
 def test_grouped_matmul_config_and_errors():
-  assert base.moe_config().grouped_matmul == 'auto'
+  assert scales.moe_config().grouped_matmul == 'auto'
   assert gmm_lib.resolve('auto', 'tpu') == 'megablox'
   assert gmm_lib.resolve('auto', 'cpu') == 'ragged_dot'
   assert gmm_lib.resolve('megablox', 'cpu') == 'megablox'
@@ -252,7 +252,7 @@ def test_grouped_matmul_config_and_errors():
 def test_moe_layer_megablox_interpret_matches_ragged_dot():
   """The whole dropless layer (with its gradients) through megablox equals ragged_dot."""
   def build(impl):
-    cfg = base.model_config('moe_tiny')
+    cfg = scales.model_config('moe_tiny')
     cfg.update(hidden_size=128, init_std=0.05, dtype='float32')
     cfg.moe.update(num_experts=4, top_k=2, expert_ffn_size=96, dispatch='dropless',
                    grouped_matmul=impl)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from configs import base
+from gated_attention.config import scales
 from gated_attention.runs import checkpoint as ckpt_lib
 from gated_attention.runs import rundir as workdir_lib
 from gated_attention.training import loop
@@ -254,7 +255,7 @@ def test_params_mode_prints_json():
   report = json.loads(out.stdout.strip().splitlines()[-1])
   assert set(report) >= {'total', 'active', 'embedding', 'by_module'}
   assert 14e9 < report['total'] < 17e9 and 1.5e9 < report['active'] < 3e9
-  assert report['embedding'] == base.QWEN_VOCAB * 2048
+  assert report['embedding'] == scales.QWEN_VOCAB * 2048
 
 
 def test_run_saved_by_older_code_still_resumes(tmp_path):

@@ -15,16 +15,16 @@ import json
 
 import numpy as np
 
-from configs import base as base_config
 from gated_attention import storage
 from gated_attention.analysis import metrics, plots
 from gated_attention.analysis.attention_maps import token_labels
+from gated_attention.config import schema
 from gated_attention.errors import UserError
 from gated_attention.model import gating
 
-# Analysis options: the `analysis` section of the config (configs/base.py), set with
+# Analysis options: the `analysis` section of the config (schema.Analysis), set with
 # --config.analysis.<name>=... or `options=`; 0 / '' / -1 mean "the run's own value".
-DEFAULT_OPTIONS = base_config.analysis_config().to_dict()
+DEFAULT_OPTIONS = schema.defaults(schema.Analysis)
 DEFINITIONS = {
     'f_attn': 'attention probability to position 0, mean over heads and queries 1..T-1',
     'm_act_mean': 'mean over layers of max |h| of the layer output (after the FFN residual)',

@@ -3,14 +3,14 @@
     model_cfg = ModelConfig.from_config(config.model)            # ml_collections -> typed
     model = Transformer(model_cfg, rngs=nnx.Rngs(0))
 
-The run config (configs/base.py, an ml_collections ConfigDict, saved as RUN/config.json) is what
+The run config (gated_attention/config/, an ml_collections ConfigDict, saved as RUN/config.json) is what
 users edit; `ModelConfig.from_config` turns its `model` section into this frozen dataclass at
 the boundary (train.Setup, the analysis, the import), resolving what depends on context (the
 FFN width with `ffn_match_baseline`, the MoE grouped-matmul kernel for the platform) and
 validating every field in one place, with messages that name the --config field. Modules take
 a ModelConfig; it is hashable, so a model's graphdef is too and compiled functions cache on it.
 
-The dataclasses are also the `model` section's one schema: configs/base.py builds the section
+The dataclasses are also the `model` section's one schema: gated_attention/config/schema.py builds the section
 from `config_defaults()` (ModelConfig's fields, with GateSpec, MoESpec and RopeScaling as its
 gate, moe and rope_scaling sections, and RESOLVED_KEYS), so each field, its default and its
 comment are written once, here; each field's metadata says whether a saved run may change it
@@ -52,7 +52,7 @@ def _section(spec, default, **metadata):
 
 
 # Keys of the run config's `model` section that are no ModelConfig field: from_config resolves
-# each into the field named beside it (and configs/base.py places the key after that field).
+# each into the field named beside it (and the schema places the key after that field).
 RESOLVED_KEYS = {
     # dense: narrow the FFN so a gated model keeps the baseline's size (dense_ffn_size)
     'ffn_match_baseline': (False, 'ffn_size'),
@@ -61,7 +61,7 @@ RESOLVED_KEYS = {
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Every setting of the decoder: the run config's `model` section (configs/base.py builds it
+  """Every setting of the decoder: the run config's `model` section (gated_attention/config/schema.py builds it
   from these fields and defaults, plus RESOLVED_KEYS; each scale then overrides a few). The
   defaults are the CPU-sized model that the `tiny` scale trains."""
   vocab_size: int = 384
@@ -227,7 +227,7 @@ def _refuse_unknown(where: str, given: dict, cls):
 def config_defaults(cls=None) -> tuple[dict, dict]:
   """(defaults, metadata) of the run config's `model` section (or of the section of the schema
   dataclass `cls`): the defaults as a nested dict keyed like the section, and {key: its field's
-  metadata} (what a saved run may change; {} for RESOLVED_KEYS). configs/base.py builds its
+  metadata} (what a saved run may change; {} for RESOLVED_KEYS). The run config's schema builds its
   `model` section from the defaults."""
   cls = cls or ModelConfig
   fields = {f.name: f for f in dataclasses.fields(cls)}

@@ -62,7 +62,7 @@ _SITES = {'g1': ('sdpa', 'heads'), 'g2': ('v', 'kv_heads'), 'g3': ('k', 'kv_head
 
 @dataclasses.dataclass(frozen=True)
 class GateSpec:
-  """The gate: the run config's `model.gate` section, field for field (configs/base.py builds
+  """The gate: the run config's `model.gate` section, field for field (gated_attention/config/ builds
   that section from these fields and defaults). The default, `position='none'`, is the ungated
   baseline."""
   # none | g1 (SDPA out) | g2 (value) | g3 (key) | g4 (query) | g5 (W_O out)

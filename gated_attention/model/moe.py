@@ -96,7 +96,7 @@ def capacity_slots(experts_NxK, num_experts, capacity):
 
 @dataclasses.dataclass(frozen=True)
 class MoESpec:
-  """The MoE settings: the run config's `model.moe` section, field for field (configs/base.py
+  """The MoE settings: the run config's `model.moe` section, field for field (gated_attention/config/schema.py
   builds that section from these fields and defaults), validated on construction. The defaults,
   `num_experts=0`, are a dense FFN: `ModelConfig.from_config` then builds no MoESpec (moe=None),
   and from a section with experts it resolves `grouped_matmul='auto'` for the platform."""

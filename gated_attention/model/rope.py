@@ -19,7 +19,7 @@ from gated_attention.errors import ConfigError
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
   """Context extension: 'none', or YaRN by `factor` over `original_max_len` positions (the run
-  config's `model.rope_scaling` section, field for field; configs/base.py builds it from these
+  config's `model.rope_scaling` section, field for field; gated_attention/config/schema.py builds it from these
   defaults)."""
   type: str = 'none'            # none | yarn (context extension, Qiu et al. 2025, Sec. 4.4)
   factor: float = 1.0           # yarn: the context extension factor

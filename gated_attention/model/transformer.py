@@ -8,7 +8,7 @@
 
 Blocks are created once with `nnx.vmap` (parameters stacked on a leading 'layers' axis) and run
 with `nnx.scan`, so a 48-layer model compiles like a 1-layer one (`model.scan_layers=False`
-unrolls that scan: faster small models on CPU, configs/base.py).
+unrolls that scan: faster small models on CPU, gated_attention/config/scales.py).
 
 One Context per call (context.py) carries what every layer shares besides the hidden states:
 positions, document ids, RoPE's sin / cos (made once here) and the per-layer KV cache and

@@ -41,10 +41,11 @@ import os
 
 import ml_collections
 
-from configs import base as base_config
 from gated_attention import storage
+from gated_attention.config import schema
 from gated_attention.errors import CheckpointError, ConfigError, UserError
 from gated_attention.model import config as model_config
+from gated_attention.runs import upgrade
 
 CONFIG_FILE = 'config.json'
 METRICS_FILE = 'metrics.jsonl'
@@ -56,7 +57,8 @@ LOCK_FILE = 'trainer.lock'       # lock.py's: the one trainer of the run
 TENSORBOARD_DIR = 'tensorboard'
 LONG_CONTEXT_DIR = 'long_context'
 # What may differ from a run's saved config is declared on the config's fields: the model's in
-# their dataclass metadata (gated_attention/model/config.py), the rest in configs/base.py.
+# their dataclass metadata (gated_attention/model/config.py), the rest in the schema's
+# (gated_attention/config/schema.py).
 # Model fields that may change between a run and its resumption (they do not change what the
 # checkpoint holds); any other difference in config.model or CHECKPOINT_FIELDS is refused.
 MODEL_FREE = model_config.free_fields('resume')
@@ -65,10 +67,10 @@ MODEL_FREE = model_config.free_fields('resume')
 # raised RoPE base or YaRN, Qiu et al. 2025, Sec. 4.4).
 EVAL_FREE = model_config.free_fields('evaluation')
 # Fields outside config.model that the checkpoint depends on (the tokenizer).
-CHECKPOINT_FIELDS = base_config.fixed_fields(base_config.CHECKPOINT)
+CHECKPOINT_FIELDS = schema.fixed_fields(schema.CHECKPOINT)
 # What the saved position of the data iterator depends on: a resumption may not change it (a
 # warm start, which has no saved position, may).
-ITERATOR_FIELDS = base_config.fixed_fields(base_config.ITERATOR)
+ITERATOR_FIELDS = schema.fixed_fields(schema.ITERATOR)
 
 
 def _flatten(d, prefix=''):
@@ -111,51 +113,41 @@ def iterator_differences(saved: dict, current: dict) -> list[str]:
           for k in ITERATOR_FIELDS if _get(saved, k) != _get(current, k)]
 
 
-def _type_errors(saved, defaults, prefix='') -> list[str]:
-  """Where a saved config's values are not of the kind today's defaults are (a list for the
-  whole config, `"model": null`, a string where a number belongs ...)."""
-  errors = []
-  for key, default in defaults.items():
-    if key not in saved:
-      continue
-    value, where = saved[key], f'{prefix}{key}'
-    if isinstance(default, dict):
-      if not isinstance(value, dict):
-        errors.append(f'{where} is {json.dumps(value)[:40]}, not an object')
-      else:
-        errors += _type_errors(value, default, f'{where}.')
-    elif default is None or value is None and not isinstance(default, (bool, int, float)):
-      continue
-    elif isinstance(default, bool):
-      if not isinstance(value, bool):
-        errors.append(f'{where} is {json.dumps(value)[:40]}, not true / false')
-    elif isinstance(default, (int, float)):
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-          isinstance(default, int) and isinstance(value, float) and not value.is_integer()):
-        errors.append(f'{where} is {json.dumps(value)[:40]}, not a number')
-    elif isinstance(default, str) and not isinstance(value, str):
-      errors.append(f'{where} is {json.dumps(value)[:40]}, not a string')
-    elif isinstance(default, (list, tuple)) and not isinstance(value, list):
-      errors.append(f'{where} is {json.dumps(value)[:40]}, not a list')
-  return errors
-
-
 def _parse_saved(raw: bytes, path: str, error=CheckpointError):
   """A config.json's bytes as the dict of a run's config, or `error` naming what is wrong."""
   try:
     saved = json.loads(raw)
   except ValueError as e:
-    raise error(f'{path} is unreadable ({e}).') from e
+    raise error(f'{path} is unreadable: it is not valid JSON ({e}).') from e
   if not isinstance(saved, dict):
     raise error(f'{path} holds a JSON {type(saved).__name__}, not a run\'s config (an object '
                 'with model, data, train ...).')
-  defaults = base_config.get_config('tiny').to_dict()
-  errors = _type_errors(saved, defaults)
+  errors = schema.type_errors(saved)
   if errors:
     raise error(f'{path} is not a config this code can read: {"; ".join(errors[:5])}. It was '
                 'damaged or edited by hand; restore it (from a copy, or write it again from the '
                 'command that trained the run, --config=... with the same overrides).')
   return saved
+
+
+def _read_config_file(path: str, error) -> ml_collections.ConfigDict:
+  """config.json at `path` as today's code reads it (runs/upgrade.py): `error` names a file that
+  cannot be read or parsed, ConfigError a key this code does not know."""
+  try:
+    raw = storage.read_bytes(path)
+  except OSError as e:
+    raise error(f'{path} is unreadable ({e}).') from e
+  return upgrade.from_saved(_parse_saved(raw, path, error), source=path)
+
+
+def read_config_file(path: str) -> ml_collections.ConfigDict:
+  """A run directory's config.json, or the config.json at `path` (configs/from_run.py)."""
+  if storage.isdir(path):
+    return read_config(path)
+  if not storage.isfile(path):
+    raise RunError(f'{path} does not exist (pass a run directory that holds {CONFIG_FILE}, or '
+                   f'the path of a {CONFIG_FILE}).')
+  return _read_config_file(path, RunError)
 
 
 def read_saved_config(workdir: str) -> dict | None:
@@ -164,13 +156,8 @@ def read_saved_config(workdir: str) -> dict | None:
   if not storage.exists(path):
     return None
   try:
-    raw = storage.read_bytes(path)
-  except OSError as e:
-    raise CheckpointError(f'{path} is unreadable ({e}); use a new --workdir.') from e
-  saved = _parse_saved(raw, path)
-  try:
-    return base_config.from_saved(saved, source=path).to_dict()
-  except ConfigError as e:
+    return _read_config_file(path, CheckpointError).to_dict()
+  except (CheckpointError, ConfigError) as e:
     raise CheckpointError(f'{e} Or use a new --workdir.') from e
 
 
@@ -261,11 +248,7 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
     raise RunError(f'{workdir!r} has no {CONFIG_FILE}: it is not a training run directory (or the '
                    'run never started). Train first: python main.py --config=configs/<variant>.py '
                    f'--workdir={workdir}')
-  try:
-    raw = storage.read_bytes(path)
-  except OSError as e:
-    raise RunError(f'{path} is unreadable ({e}).') from e
-  return base_config.from_saved(_parse_saved(raw, path, RunError), source=path)
+  return _read_config_file(path, RunError)
 
 
 def read_metrics(workdir: str, *, every_row: bool = False) -> list[dict]:

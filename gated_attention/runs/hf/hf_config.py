@@ -1,4 +1,4 @@
-"""A Hugging Face Qwen3 `config.json` <-> the project's run config (a ConfigDict of configs/).
+"""A Hugging Face Qwen3 `config.json` <-> the project's run config (gated_attention/config/).
 
 Import accepts `model_type: qwen3`: stock Qwen3 (the baseline) and the authors' gated Qwen3
 (`headwise_attn_output_gate` / `elementwise_attn_output_gate`, their `use_qk_norm`, `qkv_bias`).
@@ -15,7 +15,7 @@ import os
 import ml_collections
 import numpy as np
 
-from configs import base as base_config
+from gated_attention.config import scales
 from gated_attention.runs.hf.errors import HFExportError, HFFormatError
 from gated_attention.runs.hf.layout import Dims
 
@@ -170,12 +170,12 @@ def dims_from_hf(hf: dict) -> Dims:
 
 def run_config(hf: dict, model_dir: str, *, compute_dtype: str = 'float32',
                generation_config: dict | None = None) -> ml_collections.ConfigDict:
-  """The run config: configs/base.py's tiny defaults with the architecture from config.json,
+  """The run config: the tiny scale's defaults (gated_attention/config/scales.py) with the architecture from config.json,
   the directory's tokenizer.json, and `config.hf` recording the source."""
   check_hf(hf)
   dims = dims_from_hf(hf)
   theta, scaling = rope_from_hf(hf)
-  c = base_config.get_config('tiny')
+  c = scales.get_config('tiny')
   c.variant = 'baseline' if dims.gate == 'none' else f'g1_{dims.gate}'
   c.model.update(vocab_size=dims.V, num_layers=dims.L, hidden_size=dims.D, num_heads=dims.H,
                  num_kv_heads=dims.K, head_dim=dims.d, ffn_size=dims.F, ffn_match_baseline=False,
