@@ -114,8 +114,7 @@ def compare_runs(batched: str, single: str) -> dict:
     out[f'val_{key}'] = {'batched': float(a[-1]), 'single': float(b[-1]),
                          'abs': float(abs(a[-1] - b[-1]))}
   cfg = rundir.read_config(single)
-  from gated_attention.runs import factory  # pylint: disable=g-import-not-at-top
-  f = factory.ModelFactory(cfg, rundir.build_mesh(cfg))
+  f = rundir.model_factory(cfg)
   (_, pa), (_, pb) = f.restore(batched, warn=lambda _: None), f.restore(single, warn=print)
   la, lb = jax.tree.leaves(pa), jax.tree.leaves(pb)
   out['params'] = {

@@ -217,18 +217,15 @@ def extended_dir(workdir: str) -> str:
 
 def read_long_context(workdir: str, label: str) -> dict | None:
   """The --mode=long_context report of `workdir` for the evaluation `label`, if written."""
-  path = storage.join(workdir, runs_lib.LONG_CONTEXT_DIR, label, runs_lib.REPORT_FILE)
-  if not storage.isfile(path):
-    return None
-  return json.loads(storage.read_bytes(path))
+  return runs_lib.read_long_context(workdir, label)
 
 
 def read(run, workdir: str, experiment=None) -> Result:
   runner = read_runner(workdir)
-  report_path = storage.join(workdir, runs_lib.ANALYSIS_DIR, runs_lib.REPORT_FILE)
   report, long_context, size = None, {}, {}
-  if runner.get('status') == 'done' and storage.isfile(report_path):
-    report = json.loads(storage.read_bytes(report_path))
+  if runner.get('status') == 'done':
+    report = runs_lib.read_report(workdir)
+  if report is not None:
     if experiment is not None and experiment.long_context:
       evaluated = extended_dir(workdir) if experiment.extend else workdir
       long_context = {label: read_long_context(evaluated, label)

@@ -152,7 +152,7 @@ def _analysed_since(workdir: str, since: float) -> bool:
   """Whether the training command that started at `since` analysed the run's final checkpoint
   (main.py --analyze): RUN/analysis/report.json written since then, of the latest step."""
   from gated_attention.runs import rundir as runs_lib  # pylint: disable=g-import-not-at-top
-  path = storage.join(runs_lib.analysis_dir(workdir), runs_lib.REPORT_FILE)
+  path = runs_lib.report_path(workdir)
   try:
     if storage.mtime(path) < since:
       return False

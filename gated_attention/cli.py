@@ -62,31 +62,20 @@ except (AttributeError, KeyError, TypeError, ValueError) as error:
 flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, metrics, analysis.')
 flags.DEFINE_enum('mode', 'train', list(modes.MODES),
                   'What to do: ' + '; '.join(f'{m.name}: {m.help}' for m in modes.MODES.values()))
-flags.DEFINE_string('topology', None, '--mode=compile: a TPU topology name, e.g. v5p:4x4x4.')
-flags.DEFINE_string('out', None, '--mode=compare: output directory (default: compare/); '
-                    '--mode=export: the Hugging Face directory to write.')
-flags.DEFINE_string('hf', None, '--mode=import: a local Hugging Face model directory.')
-flags.DEFINE_enum('export_dtype', 'float32', ['float32', 'bfloat16'],
-                  '--mode=export: the dtype of the written weights.')
-flags.DEFINE_string('max_shard_size', '5GB', '--mode=export: the largest safetensors file, as in '
-                    "transformers' save_pretrained (5GB, 500MB, 2GiB or bytes); larger models "
-                    'are written in several files with an index.')
-flags.DEFINE_string('remote_code_dir', None, '--mode=export of a G1 gate: a directory holding the '
-                    "authors' modeling_qwen3.py / configuration_qwen3.py to copy beside it.")
-flags.DEFINE_multi_string('prompt', [], '--mode=sample: a prompt (repeat for a batch).')
-flags.DEFINE_integer('max_new_tokens', 128, '--mode=sample: tokens to generate per prompt.')
-flags.DEFINE_float('temperature', 0.0, '--mode=sample: 0 is greedy; above 0 samples.')
-flags.DEFINE_float('top_p', 1.0, '--mode=sample: nucleus sampling keeps this probability mass.')
-flags.DEFINE_integer('sample_seed', 0, '--mode=sample: the seed of the samples.')
-flags.DEFINE_integer('step', None, '--mode=sample / export: the checkpoint step (default: the '
-                     'latest).')
-flags.DEFINE_list('seeds', [], '--mode=train: several seeds of the config trained as one program '
-                  '(e.g. --seeds=0,1,2), each in its own run directory: --workdir with {seed} '
-                  'replaced, or --workdir/s<seed>.')
-flags.DEFINE_bool('analyze', False, '--mode=train: once the run has trained to its last step, '
-                  'analyse it in the same process (what --mode=analyze writes to RUN/analysis/, '
-                  'from the parameters in memory and the compiled model: nothing restored or '
-                  'compiled again).')
+
+
+def _define(flag: modes.Flag):
+  """absl's flag of a mode flag (modes.FLAGS), its help naming the modes that take it."""
+  takers = ', '.join(m.name for m in modes.MODES.values() if flag.name in m.flags)
+  help_ = f'--mode={takers}: {flag.help}'
+  if flag.kind == 'enum':
+    flags.DEFINE_enum(flag.name, flag.default, list(flag.enum_values), help_)
+  else:
+    getattr(flags, f'DEFINE_{flag.kind}')(flag.name, flag.default, help_)
+
+
+for _flag in modes.FLAGS.values():
+  _define(_flag)
 FLAGS = flags.FLAGS
 
 
@@ -143,7 +132,7 @@ def main(argv):
   from gated_attention import console  # pylint: disable=g-import-not-at-top
   try:
     with console.without_event_loop_noise():
-      dispatch(_args(argv[1:]))
+      dispatch(_args(argv[1:]), keep_logs_on_console=FLAGS['verbosity'].present)
   except UserError as e:  # a setting, file or run directory that cannot work: one paragraph
     if FLAGS.verbosity >= 1 or os.environ.get('GATED_ATTENTION_TRACEBACK'):
       raise
@@ -218,17 +207,22 @@ def _libraries_log_to(log_dir: str):
 
 
 def _args(rest) -> modes.Args:
-  """The command line, parsed once, as the modes' explicit arguments."""
+  """The command line, parsed once, as the modes' explicit arguments: a flag of another mode
+  than --mode's is refused, naming the modes that take it."""
+  mode = modes.MODES[FLAGS.mode]
+  for name, flag in modes.FLAGS.items():
+    if FLAGS[name].present and name not in mode.flags:
+      takers = [m.name for m in modes.MODES.values() if name in m.flags]
+      _fail(f'Error in the command line: --{name} belongs to --mode={" / --mode=".join(takers)}; '
+            f'--mode={mode.name} does not take it.')
+  options = {modes.FLAGS[name].key: FLAGS[name].value for name in mode.flags}
+  if 'seeds' in options:
+    options['seeds'] = _seeds(options['seeds'])
   flag = FLAGS['config']
   return modes.Args(
-      config=FLAGS.config, config_given=bool(flag.present),
+      config=FLAGS.config, mode=mode.name, config_given=bool(flag.present),
       overrides=dict(getattr(flag, 'override_values', None) or {}), workdir=FLAGS.workdir,
-      runs=tuple(rest), topology=FLAGS.topology, out=FLAGS.out, hf=FLAGS.hf,
-      export_dtype=FLAGS.export_dtype, max_shard_size=FLAGS.max_shard_size,
-      remote_code_dir=FLAGS.remote_code_dir,
-      prompts=tuple(FLAGS.prompt), max_new_tokens=FLAGS.max_new_tokens,
-      temperature=FLAGS.temperature, top_p=FLAGS.top_p, sample_seed=FLAGS.sample_seed,
-      step=FLAGS.step, seeds=_seeds(FLAGS.seeds), analyze=FLAGS.analyze)
+      runs=tuple(rest), options=options)
 
 
 def _seeds(values) -> tuple:
@@ -240,9 +234,9 @@ def _seeds(values) -> tuple:
           'by commas, e.g. --seeds=0,1,2.')
 
 
-def dispatch(args: modes.Args):
-  """Runs the mode of --mode (modes.MODES, one module each)."""
-  mode = modes.MODES[FLAGS.mode]
+def dispatch(args: modes.Args, *, keep_logs_on_console: bool = False):
+  """Runs the mode of `args` (modes.MODES, one module each)."""
+  mode = modes.MODES[args.mode]
   if args.runs and not mode.takes_runs:
     sys.exit(f'Unexpected arguments {list(args.runs)}; only --mode=compare takes run '
              'directories.')
@@ -251,20 +245,17 @@ def dispatch(args: modes.Args):
   if mode.distributed:
     from gated_attention import distributed  # pylint: disable=g-import-not-at-top
     distributed.initialize(args.config.distributed)
-  if args.analyze and (mode.name != 'train' or args.seeds):
-    sys.exit('--analyze analyses a run after --mode=train of one seed; analyse each seed\'s run '
-             'with --mode=analyze --workdir=RUN.' if args.seeds else
-             f'--analyze belongs to --mode=train; --mode={mode.name} does not take it.')
-  if args.seeds and mode.name != 'train':
-    sys.exit(f'--seeds trains several seeds at once; --mode={mode.name} opens one run: pass '
-             'that seed\'s directory as --workdir.')
+  module = mode.load()
+  if hasattr(module, 'check'):   # the mode's own checks of its arguments, before any work
+    module.check(args)
   from gated_attention import compilation_cache  # pylint: disable=g-import-not-at-top
   compilation_cache.enable(args.config.get('compilation_cache', ''))
-  if mode.name in ('train', 'import') and not FLAGS['verbosity'].present:  # they write checkpoints
-    first = (next(iter(rundir.seed_workdirs(args.workdir, args.seeds).values())) if args.seeds
+  if mode.writes_run and not keep_logs_on_console:
+    seeds = args.options.get('seeds')
+    first = (next(iter(rundir.seed_workdirs(args.workdir, seeds).values())) if seeds
              else args.workdir)    # several seeds: the libraries' logs go to the first's logs/
     _libraries_log_to(_join(first, rundir.LOGS_DIR))
-  mode.load().main(args)
+  module.main(args)
 
 
 def _join(workdir: str, name: str) -> str:

@@ -101,3 +101,19 @@ def test_the_check_sees_a_wrong_import(tmp_path, monkeypatch):
 def test_each_package_says_what_it_is(package):
   init = os.path.join(ROOT, 'gated_attention', package, '__init__.py')
   assert ast.get_docstring(ast.parse(open(init).read())), f'{init} has no docstring'
+
+
+def test_the_documented_table_is_the_enforced_one():
+  """docs/architecture.md's table of layers says, for each, what ALLOWED lets it import."""
+  import re  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(ROOT, 'docs', 'architecture.md')) as f:
+    rows = [line for line in f if re.match(r'\| `\w+`', line)]
+  documented = {}
+  for row in rows:
+    cells = [c.strip() for c in row.strip().strip('|').split('|')]
+    name = re.match(r'`(\w+)`', cells[0]).group(1)
+    may = re.sub(r'\([^)]*\)', '', cells[-1])
+    documented[name] = (set() if may.strip() == 'nothing of the project' else
+                        {m.strip() for m in may.split(',')})
+  enforced = {name: allowed - {name} for name, allowed in ALLOWED.items()}
+  assert documented == enforced

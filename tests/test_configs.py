@@ -339,3 +339,22 @@ def test_saved_config_from_an_earlier_version_opens(tmp_path, monkeypatch):
   expected = base.get_config('tiny')
   expected.model.attention_impl = 'xla'
   assert {k: v for k, v in c.to_dict().items() if k != 'hf'} == expected.to_dict()
+
+
+def test_saved_config_with_the_retired_step_keys_opens(tmp_path):
+  """analysis.step and long_context.step (before issue 38: which checkpoint is --step now) are
+  dropped from a saved config; the default quietly, another value with a warning."""
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  saved = base.get_config('tiny').to_dict()
+  saved['analysis']['step'] = -1
+  saved['long_context']['step'] = 400
+  warnings = []
+  original = logging.warning
+  logging.warning = lambda *a: warnings.append(a[0] % a[1:])
+  try:
+    c = from_run.get_config(_write_run(tmp_path, saved))
+  finally:
+    logging.warning = original
+  assert 'step' not in c.analysis and 'step' not in c.long_context
+  assert c.to_dict() == base.get_config('tiny').to_dict()
+  assert len(warnings) == 1 and 'long_context.step (= 400) is ignored' in warnings[0]

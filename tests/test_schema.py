@@ -111,7 +111,7 @@ def test_what_a_saved_run_may_change_is_field_metadata():
           'data.task'} <= set(iterator)
   assert not any(p.startswith('data.synthetic.') for p in iterator)  # the section is one path
   free = {'train.steps', 'train.learning_rate', 'data.val_batches', 'data.device_prefetch',
-          'mesh.fsdp', 'analysis.step', 'long_context.lengths'}
+          'mesh.fsdp', 'analysis.num_batches', 'long_context.lengths'}
   assert not free & (set(iterator) | set(schema.fixed_fields(schema.CHECKPOINT)))
   # the model's: fixed unless marked free (model/config.py); these two change no parameter
   assert {'scan_layers', 'fused_gate_projection'} <= set(model_lib.free_fields('resume'))

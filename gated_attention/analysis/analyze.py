@@ -100,8 +100,9 @@ def build_report(result, cfg, workdir, step, tokenizer, map_layers_spec, metrics
   return report
 
 
-def write(report, result, tokenizer, out_dir, *, single: bool = True):
-  """report.json, the figures and attention_maps.npz into `out_dir` (by process 0)."""
+def write(report, result, tokenizer, out_dir, *, report_file: str, single: bool = True):
+  """The report (as `report_file`: runs/rundir.py REPORT_FILE), the figures and
+  attention_maps.npz into `out_dir` (by process 0)."""
   storage.makedirs(out_dir)
   title = f'{report["variant"]} step {report["step"]}'
   figures = {'f_attn.png': plots.f_attn_figure(report, title=f'F-Attn: {title}'),
@@ -122,4 +123,4 @@ def write(report, result, tokenizer, out_dir, *, single: bool = True):
   np.savez_compressed(npz, maps=maps.astype(np.float32), tokens=tokens)
   storage.write(storage.join(out_dir, 'attention_maps.npz'), npz.getvalue())
   report['figures'] = sorted(figures)
-  write_json(storage.join(out_dir, 'report.json'), report)
+  write_json(storage.join(out_dir, report_file), report)

@@ -153,18 +153,18 @@ class Mesh:
 
 @dataclasses.dataclass(frozen=True)
 class Analysis:
-  """analysis: --mode=analyze's options (gated_attention/analysis/analyze.py); 0 / '' / -1 mean
-  the run's own value."""
+  """analysis: --mode=analyze's options (gated_attention/analysis/analyze.py); 0 / '' mean the
+  run's own value. Which checkpoint: --step, as for every mode that opens a run."""
   num_batches: int = 0          # held-out batches (0: data.val_batches)
   batch_size: int = 0           # sequences per batch (0: train.batch_size)
   attn_map_layers: str = ''     # comma-separated layers for attention_maps.png ('': first,
                                 # middle, last)
-  step: int = -1                # checkpoint step (-1: the latest)
 
 
 @dataclasses.dataclass(frozen=True)
 class LongContext:
-  """long_context: --mode=long_context's options (gated_attention/inference/long_context.py)."""
+  """long_context: --mode=long_context's options (gated_attention/inference/long_context.py);
+  which checkpoint: --step."""
   lengths: str = ''             # comma-separated lengths in tokens ('': 1, 2, 4, 8 x data.seq_len)
   tasks: str = 'all'            # RULER-style tasks (input_pipeline/ruler.py), comma-separated
   examples: int = 16            # prompts per task and length
@@ -172,7 +172,6 @@ class LongContext:
   batch_size: int = 8           # sequences per forward pass
   chunk: int = 256              # tokens per cached attention chunk: [chunk, length] scores a head
   seed: int = 0                 # draws the RULER prompts
-  step: int = -1                # checkpoint step (-1: the latest)
   tag: str = ''                 # the output directory RUN/long_context/<tag> ('': the RoPE setting)
 
 

@@ -54,7 +54,7 @@ def _config(saved, config, overrides, opts):
 
 
 def run(workdir: str, *, config=None, overrides: dict | None = None,
-        options: dict | None = None, out_dir: str | None = None) -> dict:
+        options: dict | None = None, out_dir: str | None = None, step: int | None = None) -> dict:
   """Analyses the run in `workdir`; writes `out_dir` (default RUN/analysis); returns the report.
 
   Args:
@@ -65,6 +65,7 @@ def run(workdir: str, *, config=None, overrides: dict | None = None,
       config (rundir.evaluation_config); `analysis.*` ones set options.
     options: analysis options (analyze.DEFAULT_OPTIONS), e.g. {'attn_map_layers': [0, 3]}.
     out_dir: where to write (default <workdir>/analysis).
+    step: the checkpoint (--step; default the latest).
   """
   t0 = time.time()
   overrides = dict(overrides or {})
@@ -74,6 +75,7 @@ def run(workdir: str, *, config=None, overrides: dict | None = None,
         f'{workdir!r} has no finished checkpoint under checkpoints/: nothing to analyse. Train '
         'first (checkpoints are written every config.train.checkpoint_every steps and at the '
         'end).')
+  rundir.pick_step(workdir, step)       # a step it lacks: named before any work
   opts = analyze.options(config, overrides, options)
   cfg = _config(saved, config, overrides, opts)
   rundir.check_tokenizer(workdir, cfg, 'the analysis (held-out text)')
@@ -83,9 +85,8 @@ def run(workdir: str, *, config=None, overrides: dict | None = None,
   data = input_pipeline.build_data(
       cfg.data, global_batch_size=cfg.train.batch_size, seed=cfg.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
-  factory = ModelFactory(cfg, rundir.build_mesh(cfg))
-  step, params = factory.restore(workdir, None if int(opts['step']) < 0 else int(opts['step']))
-  return _analyse(workdir, cfg, factory, params, step, data, opts, out_dir, t0)
+  run_ = rundir.load_run(workdir, step, config=cfg)
+  return _analyse(workdir, cfg, run_.factory, run_.params, run_.step, data, opts, out_dir, t0)
 
 
 def after_training(finished) -> dict:
@@ -101,7 +102,7 @@ def after_training(finished) -> dict:
   cfg = _config(saved, None, {}, opts)
   factory = finished.factory
   if not ModelFactory.same_model(factory.cfg, cfg):
-    factory = ModelFactory(cfg, rundir.build_mesh(cfg))
+    factory = rundir.model_factory(cfg)
   return _analyse(workdir, cfg, factory, finished.params, finished.step, finished.data, opts,
                   None, t0)
 
@@ -119,13 +120,14 @@ def _analyse(workdir, cfg, factory, params, step, data, opts, out_dir, t0) -> di
     report['data_description'] = data.describe()
   out_dir = out_dir or rundir.analysis_dir(workdir)
   if jax.process_index() == 0:
-    analyze.write(report, result, data.tokenizer, out_dir, single=single)
+    analyze.write(report, result, data.tokenizer, out_dir, report_file=rundir.REPORT_FILE,
+                  single=single)
   fmt = lambda x, spec: '-' if x is None else format(x, spec)  # noqa: E731
   print(f'{report["variant"]} step {step}: F-Attn {fmt(report["f_attn_mean"], ".3f")}, '
         f'M-Act {fmt(report["m_act_mean"], ".1f")}, gate score '
         f'{fmt(report["gate_score_mean"], ".3f")}, ppl {fmt(report["ppl"], ".3f")} '
         f'({report["num_batches"]} batches of {cfg.train.batch_size} x {cfg.data.seq_len}, '
-        f'{time.time() - t0:.0f}s) -> {storage.join(out_dir, "report.json")}', flush=True)
+        f'{time.time() - t0:.0f}s) -> {storage.join(out_dir, rundir.REPORT_FILE)}', flush=True)
   if not math.isfinite(result.loss):
     print('Warning: the validation loss is not finite.')
   return report
@@ -133,4 +135,4 @@ def _analyse(workdir, cfg, factory, params, step, data, opts, out_dir, t0) -> di
 
 def main(args):
   run(args.workdir, config=args.config if args.config_given else None, overrides=args.overrides,
-      out_dir=args.out or None)
+      out_dir=args.out or None, step=args.step)

@@ -17,21 +17,20 @@ import time
 import input_pipeline
 from gated_attention import storage
 from gated_attention.inference import generate, long_context
-from gated_attention.modes import sample
 from gated_attention.runs import rundir
 from input_pipeline import ruler
 
 
-def run(workdir: str, *, overrides: dict | None = None) -> dict:
-  """Evaluates the run's checkpoint (long_context.step, default latest) with the saved config and
-  the evaluation overrides; writes RUN/long_context/<tag>/ and returns the report."""
+def run(workdir: str, *, overrides: dict | None = None, step: int | None = None) -> dict:
+  """Evaluates the run's checkpoint `step` (--step, default the latest) with the saved config
+  and the evaluation overrides; writes RUN/long_context/<tag>/ and returns the report."""
   t0 = time.time()
   overrides = dict(overrides or {})
-  cfg = sample.run_config(workdir, overrides)
+  cfg = rundir.eval_config(workdir, overrides, generation=True)
   opts = cfg.long_context
   lengths = long_context.evaluated_lengths(opts, cfg.data.seq_len)
   rundir.check_tokenizer(workdir, cfg, '--mode=long_context')
-  run_ = rundir.load_run(workdir, None if opts.step < 0 else opts.step, config=cfg)
+  run_ = rundir.load_run(workdir, step, config=cfg)
   data = input_pipeline.build_data(cfg.data, global_batch_size=1, seed=cfg.seed)
   gen = generate.Generator(run_.model, max_len=max(lengths) + 64, chunk=opts.chunk)
   task = getattr(data, 'task', None)  # a synthetic task: generated documents, its own retrieval
@@ -60,9 +59,10 @@ def run(workdir: str, *, overrides: dict | None = None) -> dict:
         opts.batch_size) if tasks and opts.examples else {}
   report['examples_per_cell'] = int(opts.examples)
   report['seconds'] = round(time.time() - t0, 1)
-  out_dir = storage.join(workdir, rundir.LONG_CONTEXT_DIR, opts.tag or report['rope_tag'])
+  out_dir = rundir.long_context_dir(workdir, opts.tag or report['rope_tag'])
   storage.makedirs(out_dir)
-  storage.write(storage.join(out_dir, 'report.json'), json.dumps(report, indent=1, allow_nan=False))
+  storage.write(storage.join(out_dir, rundir.REPORT_FILE),
+                json.dumps(report, indent=1, allow_nan=False))
   table = long_context.table(report)
   storage.write(storage.join(out_dir, 'long_context.md'), table)
   long_context.figures(report, out_dir)
@@ -73,4 +73,4 @@ def run(workdir: str, *, overrides: dict | None = None) -> dict:
 
 
 def main(args):
-  run(args.workdir, overrides=args.overrides)
+  run(args.workdir, overrides=args.overrides, step=args.step)

@@ -9,17 +9,6 @@ from gated_attention.inference import generate
 from gated_attention.runs import rundir
 
 
-def run_config(workdir: str, overrides: dict | None = None):
-  """The run's saved config for generation: with the evaluation overrides
-  (rundir.evaluation_config, e.g. YaRN), and MoE routing every token (dispatch dropless: no
-  parameter changes, no token dropped)."""
-  cfg = rundir.evaluation_config(rundir.read_config(workdir), overrides or {})
-  if cfg.model.moe.num_experts and cfg.model.moe.dispatch != 'dropless':
-    cfg.model.moe.dispatch = 'dropless'
-    print('Note: generation routes every token (moe.dispatch=dropless).')
-  return cfg
-
-
 def sample(workdir: str, prompts: list[str], *, max_new_tokens: int, temperature: float = 0.0,
            top_p: float = 1.0, seed: int = 0, overrides: dict | None = None,
            step: int | None = None) -> list[str]:
@@ -30,7 +19,7 @@ def sample(workdir: str, prompts: list[str], *, max_new_tokens: int, temperature
     raise generate.GenerateError('--mode=sample needs at least one --prompt="...".')
   if max_new_tokens < 1:
     raise generate.GenerateError(f'--max_new_tokens={max_new_tokens} must be at least 1.')
-  config = run_config(workdir, overrides)
+  config = rundir.eval_config(workdir, overrides, generation=True)
   rundir.check_tokenizer(workdir, config, '--mode=sample')
   run = rundir.load_run(workdir, step, config=config)
   tok = run.tokenizer

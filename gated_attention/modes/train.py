@@ -9,6 +9,7 @@ of the first seed's directory.
 """
 
 from gated_attention import storage
+from gated_attention.errors import ConfigError
 from gated_attention.runs import rundir
 from gated_attention.training import loop
 from gated_attention.training import seeds
@@ -30,7 +31,15 @@ def train_config(args, workdir: str | None = None):
   return resumed
 
 
+def check(args):
+  """Refuses what this mode's flags cannot do together (cli.py calls it before any work)."""
+  if args.seeds and args.analyze:
+    raise ConfigError('--analyze analyses a run after --mode=train of one seed; analyse each '
+                      'seed\'s run with --mode=analyze --workdir=RUN.')
+
+
 def main(args):
+  check(args)
   if args.seeds:
     workdirs = rundir.seed_workdirs(args.workdir, args.seeds)
     seeds.run(train_config(args, next(iter(workdirs.values()))), workdirs)

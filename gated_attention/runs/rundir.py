@@ -17,6 +17,7 @@ seed (`seed_workdirs`): each is a run of its own, resumed or analysed like any o
 Every mode, the notebook and the experiment runner open runs through this module:
 
     run = load_run('runs/g1')                   # config, verified params, model, tokenizer, metrics
+    run = load_run('runs/g1', step=400)         # checkpoint 400 (main.py's --step=400)
     run = load_run('runs/g1', overrides={'model.rope_scaling.type': 'yarn', ...})
 
 Compatibility: a workdir whose saved config is incompatible with the current one (the model,
@@ -311,20 +312,41 @@ def analysis_dir(workdir: str) -> str:
   return storage.join(workdir, ANALYSIS_DIR)
 
 
-def read_report(workdir: str) -> dict | None:
-  """RUN/analysis/report.json, if the analysis has been run."""
-  path = storage.join(analysis_dir(workdir), REPORT_FILE)
+def report_path(workdir: str) -> str:
+  """RUN/analysis/report.json: --mode=analyze's report."""
+  return storage.join(analysis_dir(workdir), REPORT_FILE)
+
+
+def long_context_dir(workdir: str, tag: str) -> str:
+  """RUN/long_context/<tag>/: one --mode=long_context evaluation's report and figures."""
+  return storage.join(workdir, LONG_CONTEXT_DIR, tag)
+
+
+def _read_report(path: str, what: str, command: str) -> dict | None:
   if not storage.isfile(path):
     return None
   try:
     report = json.loads(storage.read_bytes(path))
   except ValueError as e:
-    raise RunError(f'{path} is unreadable ({e}): an analysis was cut short or the file damaged. '
-                   f'Run the analysis again: python main.py --mode=analyze --workdir={workdir}') from e
+    raise RunError(f'{path} is unreadable ({e}): {what} was cut short or the file damaged. '
+                   f'Run {what} again: {command}') from e
   if not isinstance(report, dict):
-    raise RunError(f'{path} holds a JSON {type(report).__name__}, not an analysis report. Run the '
-                   f'analysis again: python main.py --mode=analyze --workdir={workdir}')
+    raise RunError(f'{path} holds a JSON {type(report).__name__}, not a report. Run {what} '
+                   f'again: {command}')
   return report
+
+
+def read_report(workdir: str) -> dict | None:
+  """RUN/analysis/report.json, if the analysis has been run."""
+  return _read_report(report_path(workdir), 'the analysis',
+                      f'python main.py --mode=analyze --workdir={workdir}')
+
+
+def read_long_context(workdir: str, tag: str) -> dict | None:
+  """RUN/long_context/<tag>/report.json, if that evaluation has been run."""
+  return _read_report(storage.join(long_context_dir(workdir, tag), REPORT_FILE),
+                      'the evaluation', f'python main.py --mode=long_context --workdir={workdir} '
+                      f'--config.long_context.tag={tag}')
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
@@ -491,9 +513,21 @@ def check_tokenizer(workdir: str, config, what: str):
         'was trained with: --config.data.tokenizer=byte, or a tokenizer.json / .model path.')
 
 
-def _factory(config):
+def model_factory(config):
+  """The model factory of `config` on the mesh that fits here (`build_mesh`)."""
   from gated_attention.runs import factory  # pylint: disable=g-import-not-at-top
   return factory.ModelFactory(config, build_mesh(config))
+
+
+def eval_config(workdir: str, overrides: dict | None = None, *, generation: bool = False):
+  """The run's saved config with the evaluation `overrides` (`evaluation_config`); with
+  `generation`, MoE routing every token (dispatch dropless: no parameter changes, no token
+  dropped), as sampling and the long-context evaluation need."""
+  cfg = evaluation_config(read_config(workdir), overrides or {})
+  if generation and cfg.model.moe.num_experts and cfg.model.moe.dispatch != 'dropless':
+    cfg.model.moe.dispatch = 'dropless'
+    print('Note: generation routes every token (moe.dispatch=dropless).')
+  return cfg
 
 
 def load_run(workdir: str, step: int | None = None, *, overrides: dict | None = None,
@@ -505,7 +539,7 @@ def load_run(workdir: str, step: int | None = None, *, overrides: dict | None = 
   if config is None:
     config = evaluation_config(read_config(workdir), overrides or {})
   pick_step(workdir, step)              # a RunError naming the steps there are, before any work
-  factory = _factory(config)
+  factory = model_factory(config)
   step, params = factory.restore(workdir, step)
   return Run(workdir=workdir, config=config, factory=factory, step=step, params=params,
              tokenizer=_tokenizer(config), metrics=read_metrics(workdir))
@@ -513,7 +547,7 @@ def load_run(workdir: str, step: int | None = None, *, overrides: dict | None = 
 
 def init_run(config, seed: int | None = None) -> Run:
   """A Run for a freshly initialised (untrained) model of `config`: no workdir, no metrics."""
-  factory = _factory(config)
+  factory = model_factory(config)
   params = factory.init_params(config.seed if seed is None else seed)
   return Run(workdir=None, config=config, factory=factory, step=0, params=params,
              tokenizer=_tokenizer(config), metrics=[])

@@ -17,11 +17,15 @@ from gated_attention.errors import ConfigError
 
 # Keys that earlier versions of this code wrote to config.json and this version no longer has,
 # with what opening such a run does: ('rename', 'new.path') moves the value there (unless the
-# saved config has the new key too), ('drop', 'why') forgets it. Every field since the first
-# config (configs/base.py's git history up to the packages reorganisation, then
-# gated_attention/config/schema.py's) still exists: the table is empty. A change that renames or
-# removes a field adds its row here, so the run directories saved before it still open.
-RETIRED_KEYS: dict[str, tuple[str, str]] = {}
+# saved config has the new key too), ('drop', 'why'[, former default]) forgets it (with a
+# warning unless it held its former default). A change that renames or removes a field adds its
+# row here, so the run directories saved before it still open (configs/base.py's git history up
+# to the packages reorganisation, then gated_attention/config/schema.py's, has every field).
+RETIRED_KEYS: dict[str, tuple] = {
+    # issue 38: which checkpoint an evaluation opens is --step, for every mode
+    'analysis.step': ('drop', 'which checkpoint --mode=analyze opens is --step=N', -1),
+    'long_context.step': ('drop', 'which checkpoint --mode=long_context opens is --step=N', -1),
+}
 
 
 def _overlay(defaults: dict, saved: dict) -> dict:
@@ -46,7 +50,7 @@ def _upgrade(saved: dict, source: str) -> dict:
       node = node[part]
     return node if isinstance(node, dict) else None
 
-  for path, (action, arg) in RETIRED_KEYS.items():
+  for path, (action, arg, *former) in RETIRED_KEYS.items():
     node, key = parent(path), path.split('.')[-1]
     if node is None or key not in node:
       continue
@@ -57,7 +61,8 @@ def _upgrade(saved: dict, source: str) -> dict:
         new_parent.setdefault(new_key, value)
       logging.info('%s: the retired key %s is now %s.', source, path, arg)
     elif action == 'drop':
-      logging.warning('%s: the retired key %s (= %r) is ignored: %s', source, path, value, arg)
+      log = logging.info if former and value == former[0] else logging.warning
+      log('%s: the retired key %s (= %r) is ignored: %s', source, path, value, arg)
     else:
       raise ValueError(f'gated_attention/runs/upgrade.py RETIRED_KEYS[{path!r}]: unknown action '
                        f'{action!r} (rename | drop).')

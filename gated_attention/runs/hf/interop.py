@@ -22,7 +22,6 @@ from gated_attention import storage
 from gated_attention.errors import CheckpointError
 from gated_attention.runs import checkpoint as ckpt_lib
 from gated_attention.runs import rundir
-from gated_attention.runs.factory import ModelFactory
 from gated_attention.runs.hf import convert, hf_config
 
 IMPORT_STEP = 0
@@ -51,7 +50,7 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
                           f'from {hf_dir}/config.json and cannot be overridden.')
   config.update_from_flattened_dict(dict(overrides or {}))
   t_read = time.time() - t0
-  ModelFactory(config, rundir.build_mesh(config))   # validates the model config on this machine
+  rundir.model_factory(config)   # validates the model config on this machine
   count = int(sum(x.size for x in jax.tree.leaves(params)))
   _check_room(workdir, int(sum(x.nbytes for x in jax.tree.leaves(params))))
   created = not os.path.exists(workdir)
@@ -115,7 +114,7 @@ def export_run(workdir: str, out_dir: str, *, step: int | None = None, dtype: st
   config = rundir.read_config(workdir)
   hf_config.check_exportable(config)
   convert.check_out_dir(out_dir)   # before the checkpoint is read: an --out that cannot be written
-  step, params = ModelFactory(config, rundir.build_mesh(config)).restore(workdir, step)
+  step, params = rundir.model_factory(config).restore(workdir, step)
   params = jax.device_get(params)
   out = convert.save_hf(config, params, out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes,
                         remote_code_dir=remote_code_dir)

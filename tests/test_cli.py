@@ -1,0 +1,81 @@
+"""The command line (gated_attention/cli.py) and the mode table it reads (modes/__init__.py):
+each mode takes the flags its row names, a flag of another mode is refused by name, a config
+file's misspelt field is refused at the start, and `--step` names the checkpoint for every mode
+that opens one."""
+
+import os
+
+import ml_collections
+import pytest
+
+from experiments import run as runner
+from gated_attention import modes
+
+HINT = '(--verbosity=1 or GATED_ATTENTION_TRACEBACK=1 shows the traceback.)'
+
+
+def main_py(tmp_path, *argv) -> tuple[int, str]:
+  """main.py's exit status and output (forked from the runner's preloaded server)."""
+  log = str(tmp_path / 'main.log')
+  rc, _ = runner._call(['main.py', *argv], log)   # pylint: disable=protected-access
+  with open(log) as f:
+    return rc, f.read()
+
+
+def test_the_table_and_the_flags_agree():
+  """Every row's flags are declared in FLAGS, every flag is some mode's, and the checkpoint is
+  spelt one way: --step, for each mode that opens a run's checkpoint."""
+  named = {f for m in modes.MODES.values() for f in m.flags}
+  assert named == set(modes.FLAGS)
+  opens_a_checkpoint = {'analyze', 'sample', 'export', 'long_context'}
+  assert {m.name for m in modes.MODES.values() if 'step' in m.flags} == opens_a_checkpoint
+  for m in modes.MODES.values():
+    assert m.load().main, m.name      # every row's module loads and has main(args)
+
+
+def test_args_hold_only_the_modes_own_flags():
+  args = modes.Args(config=ml_collections.ConfigDict(), mode='sample',
+                    options={'prompts': ('a',), 'step': 3})
+  assert args.prompts == ('a',) and args.step == 3
+  with pytest.raises(AttributeError, match="--mode=sample takes no flag 'seeds'"):
+    args.seeds   # pylint: disable=pointless-statement
+
+
+@pytest.mark.parametrize('argv,match', [
+    (['--mode=train', '--prompt=hello'],
+     '--prompt belongs to --mode=sample; --mode=train does not take it'),
+    (['--mode=analyze', '--seeds=0,1'],
+     '--seeds belongs to --mode=train; --mode=analyze does not take it'),
+    (['--mode=params', '--step=3'],
+     '--step belongs to --mode=analyze / --mode=export / --mode=sample / --mode=long_context; '
+     '--mode=params does not take it'),
+    (['--mode=train', '--seeds=0,1', '--analyze'],
+     '--analyze analyses a run after --mode=train of one seed'),
+])
+def test_a_flag_the_mode_does_not_take_is_one_paragraph(tmp_path, argv, match):
+  work = tmp_path / 'run'
+  rc, text = main_py(tmp_path, *argv, f'--workdir={work}')
+  assert rc == 1, text
+  assert 'Traceback' not in text and text.count(HINT) == 1, text
+  assert match in ' '.join(text.split()), text
+  assert not work.exists()           # refused before anything is written
+
+
+def test_help_names_the_modes_of_each_flag(tmp_path):
+  rc, text = main_py(tmp_path, '--helpfull')
+  flat = ' '.join(text.split())
+  assert rc == 1 and 'Error' not in text, text     # absl's help exits with status 1
+  assert '--mode=analyze, export, sample, long_context: which checkpoint' in flat, text
+  assert '--mode=sample: a prompt (repeat for a batch).' in flat
+
+
+def test_step_opens_that_checkpoint_or_names_those_there_are(tmp_path):
+  """--step on an imported run (one checkpoint, step 0): analyze refuses a step it lacks, naming
+  the steps there are, before any work."""
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  hf = os.path.join(os.path.dirname(__file__), 'fixtures', 'hf', 'elementwise_tied')
+  run = str(tmp_path / 'imported')
+  interop.import_run(hf, run)
+  rc, text = main_py(tmp_path, '--mode=analyze', f'--workdir={run}', '--step=7')
+  assert rc == 1 and 'has no checkpoint at step 7; it has [0]' in ' '.join(text.split()), text
+  assert not os.path.exists(os.path.join(run, 'analysis'))
