@@ -90,10 +90,10 @@ def code_tree() -> str:
 
 def estimate_state_bytes(scale, n_chips):
   """f32 params + AdamW m, v + f32 gradients, evenly sharded: a lower bound to skip slices."""
-  from configs import base  # pylint: disable=g-import-not-at-top
+  from gated_attention.config import scales  # pylint: disable=g-import-not-at-top
   from gated_attention.model import transformer as model  # pylint: disable=g-import-not-at-top
   from gated_attention.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
-  model_cfg = ModelConfig.from_config(base.get_config(scale).model)
+  model_cfg = ModelConfig.from_config(scales.get_config(scale).model)
   return model.param_report(model_cfg)['total'] * 16 / n_chips
 
 

@@ -73,7 +73,7 @@ def make(out: str, gate: str, max_shard_bytes: int):
   # on 5 MB of the built-in corpus (Qwen's is not on this machine; the vocabulary only needs to
   # fit in the model's).
   from gated_attention.config import scales  # pylint: disable=g-import-not-at-top
-  from input_pipeline import bpe  # pylint: disable=g-import-not-at-top
+  from gated_attention.input_pipeline import bpe  # pylint: disable=g-import-not-at-top
   bpe.train_bpe(scales.data_config(), 8192, os.path.join(out, 'tokenizer.json'), max_bytes=5 * 10**6)
   print(json.dumps({'step': 'make', 'out': out, 'files': len(shards), 'bytes': total}))
 

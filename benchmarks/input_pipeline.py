@@ -27,9 +27,9 @@ import shutil
 import tempfile
 import time
 
-from configs import base
-import input_pipeline
-from input_pipeline import bpe, tokenized
+from gated_attention.config import scales
+from gated_attention import input_pipeline
+from gated_attention.input_pipeline import bpe, tokenized
 
 # docs/tpu_aot.md: dense_1p7b_28l, sequence 4096, global batch 1024, roofline step seconds
 AOT_MODEL, GLOBAL_BATCH, SEQ_LEN, CHIPS_PER_HOST = 'dense_1p7b_28l', 1024, 4096, 4
@@ -40,7 +40,7 @@ AOT_STEP_S = {  # (slice, chips): {variant: step seconds}
 
 
 def _data_cfg(tokenizer: str, seq_len: int, **kw):
-  cfg = base.get_config().data
+  cfg = scales.get_config().data
   cfg.update(tokenizer=tokenizer, seq_len=seq_len, **kw)
   return cfg
 
@@ -82,12 +82,12 @@ def main():
     if not tokenizer:
       tokenizer = os.path.join(work, 'bpe', 'tokenizer.json')
       t0 = time.time()
-      bpe.train_bpe(base.get_config().data, args.vocab_size, tokenizer, max_bytes=args.bpe_bytes)
+      bpe.train_bpe(scales.get_config().data, args.vocab_size, tokenizer, max_bytes=args.bpe_bytes)
       print(f'trained a {args.vocab_size} BPE on {args.bpe_bytes / 1e6:.0f} MB in '
             f'{time.time() - t0:.0f} s')
     # (1) --mode=tokenize's work on a subset: the first --docs documents of the corpus (a text
     # source over those files), one worker process; its CPU time from the child's rusage.
-    from input_pipeline import sources  # pylint: disable=g-import-not-at-top
+    from gated_attention.input_pipeline import sources  # pylint: disable=g-import-not-at-top
     root, files = sources.stdlib_files()
     subset = [p for p in (os.path.join(root, f) for f in files) if _utf8(p)][:args.docs]
     listing = os.path.join(work, 'files')

@@ -1,9 +1,9 @@
 """Baseline: no gate (standard softmax attention)."""
 
-from configs import base
+from gated_attention.config import scales
 
 
 def get_config(scale: str = 'tiny'):
-  c = base.get_config(scale)
+  c = scales.get_config(scale)
   c.variant = 'baseline'
   return c

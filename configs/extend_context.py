@@ -23,7 +23,7 @@ tokens; the warm-up is a tenth of the steps (at most RUN's). Any field can still
 on the command line (--config.train.batch_size=8).
 """
 
-from configs import from_run
+from gated_attention.runs import rundir
 
 KEYS = {'seq_len': int, 'rope_base': float, 'steps': int, 'lr': float}
 
@@ -50,7 +50,7 @@ def get_config(arg: str = ''):
     raise ValueError('configs/extend_context.py needs the run to extend after a colon: '
                      '--config=configs/extend_context.py:runs/NAME[,seq_len=1024,...]')
   run, s = _parse(arg)
-  c = from_run.get_config(run)
+  c = rundir.read_config_file(run)
   steps = s.get('steps', max(1, c.train.steps // 4))
   c.train.init_from = run
   c.data.seq_len = s.get('seq_len', 4 * c.data.seq_len)

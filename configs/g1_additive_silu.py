@@ -1,10 +1,10 @@
 """G1 additive: Y + SiLU(XW)."""
 
-from configs import base
+from gated_attention.config import scales
 
 
 def get_config(scale: str = 'tiny'):
-  c = base.get_config(scale)
+  c = scales.get_config(scale)
   c.variant = 'g1_additive_silu'
   g = c.model.gate
   g.position = 'g1'

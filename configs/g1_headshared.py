@@ -1,10 +1,10 @@
 """G1 elementwise head-shared: the elementwise gate averaged over query heads."""
 
-from configs import base
+from gated_attention.config import scales
 
 
 def get_config(scale: str = 'tiny'):
-  c = base.get_config(scale)
+  c = scales.get_config(scale)
   c.variant = 'g1_headshared'
   g = c.model.gate
   g.position = 'g1'

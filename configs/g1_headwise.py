@@ -1,10 +1,10 @@
 """G1 headwise: one sigmoid scalar per head multiplies the SDPA output."""
 
-from configs import base
+from gated_attention.config import scales
 
 
 def get_config(scale: str = 'tiny'):
-  c = base.get_config(scale)
+  c = scales.get_config(scale)
   c.variant = 'g1_headwise'
   g = c.model.gate
   g.position = 'g1'

@@ -1,10 +1,10 @@
 """G1 input-independent: sigmoid of a zero-initialised learnable [H, d] parameter (starts at 0.5)."""
 
-from configs import base
+from gated_attention.config import scales
 
 
 def get_config(scale: str = 'tiny'):
-  c = base.get_config(scale)
+  c = scales.get_config(scale)
   c.variant = 'g1_input_independent'
   g = c.model.gate
   g.position = 'g1'

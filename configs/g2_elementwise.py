@@ -1,10 +1,10 @@
 """G2 elementwise: sigmoid gate on the value projection (per KV head)."""
 
-from configs import base
+from gated_attention.config import scales
 
 
 def get_config(scale: str = 'tiny'):
-  c = base.get_config(scale)
+  c = scales.get_config(scale)
   c.variant = 'g2_elementwise'
   g = c.model.gate
   g.position = 'g2'

@@ -1,10 +1,10 @@
 """G2 elementwise head-shared: the value gate averaged over KV heads."""
 
-from configs import base
+from gated_attention.config import scales
 
 
 def get_config(scale: str = 'tiny'):
-  c = base.get_config(scale)
+  c = scales.get_config(scale)
   c.variant = 'g2_headshared'
   g = c.model.gate
   g.position = 'g2'

@@ -1,10 +1,10 @@
 """G2 headwise: one sigmoid scalar per KV head gates the values."""
 
-from configs import base
+from gated_attention.config import scales
 
 
 def get_config(scale: str = 'tiny'):
-  c = base.get_config(scale)
+  c = scales.get_config(scale)
   c.variant = 'g2_headwise'
   g = c.model.gate
   g.position = 'g2'

@@ -1,10 +1,10 @@
 """G4 elementwise: sigmoid gate on the query projection (per query head)."""
 
-from configs import base
+from gated_attention.config import scales
 
 
 def get_config(scale: str = 'tiny'):
-  c = base.get_config(scale)
+  c = scales.get_config(scale)
   c.variant = 'g4_elementwise'
   g = c.model.gate
   g.position = 'g4'

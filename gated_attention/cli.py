@@ -3,8 +3,9 @@
 Flags, one-paragraph errors, and the dispatch from the mode table (modes/__init__.py): the
 command line is parsed once into `modes.Args`, then `MODES[--mode].load().main(args)`. The
 config files are found relative to the working directory first, then to the project's own
-`configs/`, so `gated-attention --config=configs/baseline.py` works from anywhere once the
-package is installed (`pip install .`).
+`configs/` (in the repository, or gated_attention/configs in an installed package), so
+`gated-attention --config=configs/baseline.py` works from anywhere once the package is installed
+(`pip install .`).
 """
 
 import os
@@ -36,20 +37,23 @@ def _bad_override(e: Exception):
         'type.')
 
 
-# configs/ of this installation: --config=configs/<variant>.py is found here when the working
-# directory has no such file (the console command run outside the repository).
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(gated_attention.__file__)))
+# configs/ of this installation: --config=configs/<variant>.py is found in the repository's root
+# or, installed, in the package (gated_attention/configs), when the working directory has no such
+# file (the console command run outside the repository).
+PACKAGE_DIR = os.path.dirname(os.path.abspath(gated_attention.__file__))
+PROJECT_ROOT = os.path.dirname(PACKAGE_DIR)
 DEFAULT_CONFIG = 'configs/g1_elementwise.py'
 
 
 def resolve_config_path(value: str) -> str:
   """`--config`'s file (before the ':' of its argument) relative to the working directory if it
-  is there, else to the project's root, where configs/ is."""
+  is there, else to the project's root or the installed package, where configs/ is."""
   path, sep, arg = value.partition(':')
   if path and not os.path.isabs(path) and not os.path.exists(path):
-    candidate = os.path.join(PROJECT_ROOT, path)
-    if os.path.exists(candidate):
-      return candidate + sep + arg
+    for root in (PROJECT_ROOT, PACKAGE_DIR):
+      candidate = os.path.join(root, path)
+      if os.path.exists(candidate):
+        return candidate + sep + arg
   return value
 
 

@@ -9,8 +9,8 @@
   data_tokenizer(cfg.data)        # the tokenizer alone (a synthetic task's, or data.tokenizer's)
 """
 
-from input_pipeline.errors import DataError
-from input_pipeline.pipeline import Data, build_data, data_tokenizer
-from input_pipeline.tokenizer import Tokenizer, make_tokenizer
+from gated_attention.input_pipeline.errors import DataError
+from gated_attention.input_pipeline.pipeline import Data, build_data, data_tokenizer
+from gated_attention.input_pipeline.tokenizer import Tokenizer, make_tokenizer
 
 __all__ = ['Data', 'DataError', 'Tokenizer', 'build_data', 'data_tokenizer', 'make_tokenizer']

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from input_pipeline.errors import DataError
-from input_pipeline.sources import load_documents, split_documents
+from gated_attention.input_pipeline.errors import DataError
+from gated_attention.input_pipeline.sources import load_documents, split_documents
 
 BOS = '<|endoftext|>'
 

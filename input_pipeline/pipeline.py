@@ -35,14 +35,14 @@ from absl import flags
 import grain
 import numpy as np
 
-from input_pipeline.errors import DataError
-from input_pipeline.packing import PackIterDataset
-from input_pipeline import ruler
-from input_pipeline import synthetic
-from input_pipeline import tokenized
-from input_pipeline.shuffle import WindowShuffleIterDataset
-from input_pipeline.sources import Documents, load_documents, split_documents
-from input_pipeline.tokenizer import Tokenizer, make_tokenizer
+from gated_attention.input_pipeline.errors import DataError
+from gated_attention.input_pipeline.packing import PackIterDataset
+from gated_attention.input_pipeline import ruler
+from gated_attention.input_pipeline import synthetic
+from gated_attention.input_pipeline import tokenized
+from gated_attention.input_pipeline.shuffle import WindowShuffleIterDataset
+from gated_attention.input_pipeline.sources import Documents, load_documents, split_documents
+from gated_attention.input_pipeline.tokenizer import Tokenizer, make_tokenizer
 
 _READ = grain.ReadOptions(num_threads=4, prefetch_buffer_size=128)
 _SAMPLE_TOKENS = 1 << 21  # describe(): tokens read for the entropy and the token-count estimate

@@ -44,9 +44,9 @@ import zlib
 
 import numpy as np
 
-from input_pipeline.errors import DataError
-from input_pipeline.sources import Documents
-from input_pipeline.tokenizer import Tokenizer
+from gated_attention.input_pipeline.errors import DataError
+from gated_attention.input_pipeline.sources import Documents
+from gated_attention.input_pipeline.tokenizer import Tokenizer
 
 TASKS = ('niah_single', 'niah_multikey', 'niah_multivalue', 'variable_tracking')
 TERMINATOR = '\n'

@@ -16,7 +16,7 @@ import sysconfig
 import numpy as np
 
 from gated_attention import storage
-from input_pipeline.errors import DataError
+from gated_attention.input_pipeline.errors import DataError
 
 SOURCES = ('builtin', 'builtin_large', 'text', 'jsonl', 'parquet', 'arrayrecord', 'hf', 'synthetic',
            'tokenized')

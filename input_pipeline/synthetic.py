@@ -67,8 +67,8 @@ import dataclasses
 
 import numpy as np
 
-from input_pipeline.errors import DataError
-from input_pipeline.tokenizer import Tokenizer
+from gated_attention.input_pipeline.errors import DataError
+from gated_attention.input_pipeline.tokenizer import Tokenizer
 
 TASKS = ('bigram_backcopy', 'icl_bigram', 'mqar')
 CHAIN_TASKS = ('bigram_backcopy', 'icl_bigram')  # the bigram chain's tasks

@@ -52,9 +52,9 @@ import time
 import numpy as np
 
 from gated_attention import storage
-from input_pipeline.errors import DataError
-from input_pipeline.sources import Documents, load_documents, split_documents
-from input_pipeline.tokenizer import Tokenizer, make_tokenizer
+from gated_attention.input_pipeline.errors import DataError
+from gated_attention.input_pipeline.sources import Documents, load_documents, split_documents
+from gated_attention.input_pipeline.tokenizer import Tokenizer, make_tokenizer
 
 MANIFEST = 'manifest.json'
 FORMAT = 1

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from gated_attention import storage
-from input_pipeline.errors import DataError
+from gated_attention.input_pipeline.errors import DataError
 
 _FIX = ("set --config.data.tokenizer=byte, or to a path to a Hugging Face "
         "tokenizer.json or a sentencepiece .model file")

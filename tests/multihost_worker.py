@@ -27,14 +27,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from configs import base  # noqa: E402
+from gated_attention.config import scales  # noqa: E402
 
 PROCESSES = 2
 STEPS = 3
 
 
 def config(port=None, num_processes=0, process_id=-1, steps=STEPS):
-  c = base.get_config('moe_tiny')
+  c = scales.get_config('moe_tiny')
   c.variant = 'g1_elementwise'
   c.model.gate.position = 'g1'
   c.model.update(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -56,7 +56,7 @@ def mesh_layout(mesh):
 
 
 def steps_mode(c, process_index, process_count, n_steps=STEPS, after_step=None):
-  import input_pipeline  # pylint: disable=g-import-not-at-top
+  from gated_attention import input_pipeline  # pylint: disable=g-import-not-at-top
   from gated_attention import sharding  # pylint: disable=g-import-not-at-top
   from gated_attention.training import train
   mesh = sharding.build_mesh(c.mesh)
@@ -86,7 +86,7 @@ def steps_mode(c, process_index, process_count, n_steps=STEPS, after_step=None):
 def reference_val(c):
   """After step STEPS: the validation loss as loop.run computes it (one process sees the whole
   global batch, so the val set is the one every process count sees)."""
-  import input_pipeline  # pylint: disable=g-import-not-at-top
+  from gated_attention import input_pipeline  # pylint: disable=g-import-not-at-top
   from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
   data = input_pipeline.build_data(c.data, global_batch_size=c.train.batch_size, seed=c.seed)
 

@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from configs import base  # noqa: E402
+from gated_attention.config import scales  # noqa: E402
 from gated_attention import sharding  # noqa: E402
 from gated_attention.training import train
 
@@ -38,7 +38,7 @@ B, T, V = 8, 16, 128
 
 
 def config(kind: str, rules: str = 'data_parallel', mesh=None):
-  c = base.get_config('moe_tiny' if kind in ('moe', 'moegmm') else 'tiny')
+  c = scales.get_config('moe_tiny' if kind in ('moe', 'moegmm') else 'tiny')
   c.variant = 'g1_elementwise'
   c.model.gate.position = 'g1'  # a gate kernel [embed, heads, head_dim] to shard as well
   c.model.update(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -136,7 +136,7 @@ def run_case(kind, rules, params, ref):
 
 def restore_case():
   """Save sharded (8 devices, FSDP) with the project's Checkpointer; restore onto 4 and 1."""
-  import input_pipeline  # pylint: disable=g-import-not-at-top
+  from gated_attention import input_pipeline  # pylint: disable=g-import-not-at-top
   from gated_attention.runs import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   out = {}
   c8 = config('moe', 'fsdp_expert', dict(data=1, fsdp=2, expert=4))

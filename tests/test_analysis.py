@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import base
+from gated_attention.config import scales
 from gated_attention.model import attention, gating
 from gated_attention.model import transformer as model_lib
 from gated_attention.analysis import analyze, attention_maps, metrics
@@ -44,7 +44,7 @@ def uniform_f_attn(T):
 
 
 def _model_cfg(**gate):
-  c = base.get_config('tiny')
+  c = scales.get_config('tiny')
   c.model.update(vocab_size=V, num_layers=2, hidden_size=D, num_heads=H, num_kv_heads=K,
                  head_dim=HD, ffn_size=16)
   c.model.gate.update(gate)
@@ -292,7 +292,7 @@ def test_pool_gate_and_sparsity_weighted_and_histograms_summed():
 # --------------------------------------------------------------------------------------------
 
 def test_analysis_config_overrides():
-  saved = base.get_config('tiny')
+  saved = scales.get_config('tiny')
   cfg = runs.evaluation_config(saved, {'data.val_batches': 7, 'train.batch_size': 4,
                                        'model.dtype': 'bfloat16'})
   assert (cfg.data.val_batches, cfg.train.batch_size, cfg.model.dtype) == (7, 4, 'bfloat16')
@@ -318,7 +318,7 @@ def test_evaluation_may_name_the_tokenizer_a_run_did_not_save():
   """An import of a Hugging Face directory without tokenizer.json saves data.tokenizer=''
   (unknown): evaluation may name one (--config.data.tokenizer=byte) instead of refusing it as
   a change of what the checkpoint fixes; a saved tokenizer still cannot change."""
-  saved = base.get_config('tiny')
+  saved = scales.get_config('tiny')
   saved.data.tokenizer = ''
   assert runs.evaluation_config(saved, {'data.tokenizer': 'byte'}).data.tokenizer == 'byte'
   saved.data.tokenizer = 'byte'
@@ -341,7 +341,7 @@ def test_refuses_dirs_without_config_or_checkpoint(tmp_path):
   with pytest.raises(runs.RunError, match='config.json'):
     analyze_mode.run(str(tmp_path))
   with open(tmp_path / 'config.json', 'w') as f:
-    f.write(base.get_config('tiny').to_json())
+    f.write(scales.get_config('tiny').to_json())
   with pytest.raises(analyze.AnalysisError, match='no finished checkpoint'):
     analyze_mode.run(str(tmp_path))
   with pytest.raises(runs.RunError, match='no finished checkpoint'):
@@ -422,7 +422,7 @@ def test_end_to_end_analyze_and_compare(tiny_run, tmp_path):
   other = tmp_path / 'baseline_run'
   other.mkdir()
   with open(other / 'config.json', 'w') as f:
-    f.write(base.get_config('tiny').to_json())
+    f.write(scales.get_config('tiny').to_json())
   with open(other / 'metrics.jsonl', 'w') as f:
     f.write(json.dumps({'step': 5, 'split': 'train', 'loss': 4.0}) + '\n')
     f.write(json.dumps({'step': 6, 'split': 'val', 'loss': 3.5, 'ppl': 33.1, 'f_attn': [0.4, 0.5],

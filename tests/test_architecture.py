@@ -38,6 +38,8 @@ def layer(module: str) -> str | None:
   parts = module.split('.')
   if parts[0] in ('configs', 'input_pipeline', 'main'):
     return parts[0]
+  if parts[:2] in (['gated_attention', 'input_pipeline'], ['gated_attention', 'configs']):
+    return parts[1]       # the top-level folders, linked into the package (pyproject.toml)
   if parts[0] != 'gated_attention':
     return None
   if module == 'gated_attention.cli':       # main.py's command line, the console command's too
@@ -81,6 +83,27 @@ def wrong_way(module: str) -> list[str]:
 def test_every_import_points_down_the_layers():
   bad = [b for m in modules() for b in wrong_way(m)]
   assert not bad, 'imports against the layers of docs/architecture.md:\n' + '\n'.join(bad)
+
+
+def test_input_pipeline_is_imported_by_one_name():
+  """input_pipeline/ is gated_attention.input_pipeline for every module of the repository (the
+  installed package has no top-level input_pipeline); importing it as `input_pipeline` too would
+  load each of its modules twice, with two DataError classes."""
+  bad = []
+  for top in ('gated_attention', 'configs', 'input_pipeline', 'tests', 'benchmarks',
+              'experiments'):
+    for d, _, files in os.walk(os.path.join(ROOT, top)):
+      for f in files:
+        if f.endswith('.py'):
+          path = os.path.join(d, f)
+          bad += [f'{os.path.relpath(path, ROOT)}:{line} imports {target}'
+                  for line, target in imports(path)
+                  if target.split('.')[0] in ('input_pipeline', 'configs') and
+                  not (target.startswith('configs.') and top in ('tests', 'experiments'))]
+  assert not bad, '\n'.join(bad)
+  for name in ('input_pipeline', 'configs'):    # the links the wheel follows
+    link = os.path.join(ROOT, 'gated_attention', name)
+    assert os.path.islink(link) and os.readlink(link) == os.path.join('..', name)
 
 
 def test_the_check_sees_a_wrong_import(tmp_path, monkeypatch):

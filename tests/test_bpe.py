@@ -2,8 +2,8 @@
 builtin_large source it is meant for."""
 
 from gated_attention.config import scales
-from input_pipeline import bpe, make_tokenizer
-from input_pipeline.sources import load_documents, split_documents
+from gated_attention.input_pipeline import bpe, make_tokenizer
+from gated_attention.input_pipeline.sources import load_documents, split_documents
 
 
 def test_bpe_trains_on_the_training_split_and_round_trips(tmp_path):

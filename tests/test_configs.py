@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import base, from_run
+from configs import from_run
 from gated_attention.runs import upgrade
 from gated_attention.config import scales
 from gated_attention.errors import CheckpointError, ConfigError
@@ -67,7 +67,7 @@ def test_variant_builds_and_validates(variant):
   assert dict(c.model.gate) == dict(scales.gate_config(), **EXPECTED_GATES[variant])
   assert spec.position == EXPECTED_GATES[variant].get('position', 'none')
   # only the gate (and the baselines' documented changes) differ from the base config
-  b = base.get_config(c.scale)
+  b = scales.get_config(c.scale)
   b.model.gate = c.model.gate
   b.variant = c.variant
   diff = {k for k in b.model if b.model[k] != c.model[k]}
@@ -102,13 +102,13 @@ def test_unknown_scale_names_the_choices(variant):
     ref.load_config(variant, 'dense_7b')
   msg = str(e.value)
   assert 'dense_7b' in msg
-  for scale in base.SCALES:
+  for scale in scales.SCALES:
     assert scale in msg
 
 
 def test_empty_scale_is_tiny():
   assert ref.load_config('g1_elementwise', '').scale == 'tiny'
-  assert base.get_config().scale == 'tiny'
+  assert scales.get_config().scale == 'tiny'
 
 
 @pytest.mark.parametrize('scale', DENSE_SCALES)
@@ -128,7 +128,7 @@ def test_paper_scale_shapes():
   assert (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
           m.tie_embeddings) == (24, 2048, 32, 4, 128, False)
   assert (m.moe.num_experts, m.moe.top_k, m.moe.expert_ffn_size) == (128, 8, 768)
-  for scale in base.SCALES:
+  for scale in scales.SCALES:
     m = scales.model_config(scale)
     assert m.qk_norm and m.rope_scaling.type == 'none'
 
@@ -223,7 +223,7 @@ def _config_fields(cls):
   return [f for f in dataclasses.fields(cls) if f.metadata.get('in_config', True)]
 
 
-@pytest.mark.parametrize('scale', base.SCALES)
+@pytest.mark.parametrize('scale', scales.SCALES)
 def test_model_section_keys_are_the_dataclass_fields(scale):
   """Every key of the `model` section (and of its gate, moe, rope_scaling sections) is a field
   of its dataclass or a declared resolved key, and every field is a key, with a value of the
@@ -274,7 +274,7 @@ def test_what_a_saved_run_may_change_is_declared_on_the_fields():
       'seed', 'train.batch_size', 'data.seq_len', 'data.source', 'data.path', 'data.hf_config',
       'data.hf_split', 'data.text_field', 'data.val_fraction', 'data.shuffle_buffer',
       'data.task', 'data.synthetic', 'data.mix_tasks', 'data.mix_ratio', 'data.mix_tokens'}
-  c = base.get_config('tiny').to_dict()
+  c = scales.get_config('tiny').to_dict()
   for path in rundir.ITERATOR_FIELDS + rundir.CHECKPOINT_FIELDS:
     node = c
     for part in path.split('.'):
@@ -308,7 +308,7 @@ def _write_run(tmp_path, saved):
 
 def test_saved_config_with_unknown_keys_is_refused_by_name(tmp_path):
   from gated_attention.runs import rundir  # pylint: disable=g-import-not-at-top
-  saved = base.get_config('tiny').to_dict()
+  saved = scales.get_config('tiny').to_dict()
   saved['model']['gate']['sharpness'] = 2.0
   saved['train']['lr_schedule'] = 'linear'
   run = _write_run(tmp_path, saved)
@@ -317,7 +317,7 @@ def test_saved_config_with_unknown_keys_is_refused_by_name(tmp_path):
     from_run.get_config(run)
   with pytest.raises(CheckpointError, match=r'config\.json has key.*model\.gate\.sharpness.*new '
                      r'--workdir'):
-    rundir.check_or_write_config(run, base.get_config('tiny'))
+    rundir.check_or_write_config(run, scales.get_config('tiny'))
 
 
 def test_saved_config_from_an_earlier_version_opens(tmp_path, monkeypatch):
@@ -326,7 +326,7 @@ def test_saved_config_from_an_earlier_version_opens(tmp_path, monkeypatch):
   monkeypatch.setattr(upgrade, 'RETIRED_KEYS', {
       'model.attn_impl': ('rename', 'model.attention_impl'),
       'train.old_schedule': ('drop', 'the schedule is always cosine')})
-  saved = base.get_config('tiny').to_dict()
+  saved = scales.get_config('tiny').to_dict()
   del saved['model']['attention_impl'], saved['model']['fused_gate_projection']
   saved['model']['attn_impl'] = 'xla'
   saved['train']['old_schedule'] = 'cosine'
@@ -336,7 +336,7 @@ def test_saved_config_from_an_earlier_version_opens(tmp_path, monkeypatch):
   assert 'old_schedule' not in c.train
   assert c.model.fused_gate_projection is True
   assert c.hf.source == '/hf/model'
-  expected = base.get_config('tiny')
+  expected = scales.get_config('tiny')
   expected.model.attention_impl = 'xla'
   assert {k: v for k, v in c.to_dict().items() if k != 'hf'} == expected.to_dict()
 
@@ -345,7 +345,7 @@ def test_saved_config_with_the_retired_step_keys_opens(tmp_path):
   """analysis.step and long_context.step (before issue 38: which checkpoint is --step now) are
   dropped from a saved config; the default quietly, another value with a warning."""
   from absl import logging  # pylint: disable=g-import-not-at-top
-  saved = base.get_config('tiny').to_dict()
+  saved = scales.get_config('tiny').to_dict()
   saved['analysis']['step'] = -1
   saved['long_context']['step'] = 400
   warnings = []
@@ -356,5 +356,5 @@ def test_saved_config_with_the_retired_step_keys_opens(tmp_path):
   finally:
     logging.warning = original
   assert 'step' not in c.analysis and 'step' not in c.long_context
-  assert c.to_dict() == base.get_config('tiny').to_dict()
+  assert c.to_dict() == scales.get_config('tiny').to_dict()
   assert len(warnings) == 1 and 'long_context.step (= 400) is ignored' in warnings[0]

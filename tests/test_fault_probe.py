@@ -405,8 +405,8 @@ def _misspelt_field(t, b):
   """A variant file that sets a field that does not exist (ml_collections adds it): refused when
   the run starts, naming the field and the one meant, before anything is written (issue 38)."""
   bad = t / 'typo.py'
-  bad.write_text('from configs import base\n\n\ndef get_config(scale="tiny"):\n'
-                 '  c = base.get_config(scale)\n  c.train.stepz = 10\n  return c\n')
+  bad.write_text('from gated_attention.config import scales\n\n\ndef get_config(scale="tiny"):\n'
+                 '  c = scales.get_config(scale)\n  c.train.stepz = 10\n  return c\n')
   new = t / 'new'
   return Case([f'--config={bad}', f'--workdir={new}'],
               match=r'train\.stepz \(did you mean train\.steps\?\)',
@@ -426,7 +426,8 @@ def _no_tokenizer_run(t):
 def _no_tokenizer(mode):
   def make(t, b):
     run = _no_tokenizer_run(t)
-    return Case([f'--mode={mode}', f'--workdir={run}', '--prompt=ab'], watch=[run],
+    prompt = ['--prompt=ab'] if mode == 'sample' else []   # a flag only sample takes
+    return Case([f'--mode={mode}', f'--workdir={run}', *prompt], watch=[run],
                 match='records no tokenizer .* --config.data.tokenizer=byte')
   return make
 
@@ -437,7 +438,7 @@ def _export_ids(t, b):
   out = t / 'out'
 
   def check(_):
-    from input_pipeline import make_tokenizer  # pylint: disable=g-import-not-at-top
+    from gated_attention.input_pipeline import make_tokenizer  # pylint: disable=g-import-not-at-top
     bos = make_tokenizer(os.path.join(HF, 'tokenizer.json')).bos_id
     for name in ('config.json', 'generation_config.json'):
       cfg = json.loads((out / name).read_text())

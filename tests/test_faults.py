@@ -1178,9 +1178,8 @@ def test_a_truncated_checkpoints_warning_has_no_pybind_repr(reference, tmp_path,
 
 
 def test_data_file_messages_name_the_problem(tmp_path):
-  import input_pipeline  # pylint: disable=g-import-not-at-top
-  from input_pipeline import sources  # pylint: disable=g-import-not-at-top
-  from configs import base  # pylint: disable=g-import-not-at-top,unused-import
+  from gated_attention import input_pipeline  # pylint: disable=g-import-not-at-top
+  from gated_attention.input_pipeline import sources  # pylint: disable=g-import-not-at-top
   latin = tmp_path / 'latin1.txt'
   latin.write_bytes('caf\u00e9 cr\u00e8me br\u00fbl\u00e9e, '.encode('latin-1') * 50)
   numbers = tmp_path / 'numbers.jsonl'

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import base
+from gated_attention.config import scales
 from gated_attention.runs.hf import HFExportError, HFFormatError, load_hf, save_hf
 from gated_attention.runs.hf import safetensors_io
 from tests.reference import TINY_MODEL
@@ -76,7 +76,7 @@ def _flat(tree, prefix='', shape=False) -> dict:
 # --------------------------------------------------------------------------------------------
 
 def _tiny_config(gate='none', tied=True, yarn=False):
-  c = base.get_config('tiny')
+  c = scales.get_config('tiny')
   c.model.update({k: v for k, v in TINY_MODEL.items()})
   c.model.tie_embeddings = tied
   if gate != 'none':
@@ -583,7 +583,7 @@ def test_the_byte_tokenizer_json_encodes_as_the_byte_tokenizer(tmp_path):
   tokenizer's ids for random text (every UTF-8 length, controls, whitespace), decode back, and
   know BOS."""
   import random  # pylint: disable=g-import-not-at-top
-  from input_pipeline.tokenizer import ByteTokenizer, HFTokenizer  # pylint: disable=g-import-not-at-top
+  from gated_attention.input_pipeline.tokenizer import ByteTokenizer, HFTokenizer  # pylint: disable=g-import-not-at-top
   ByteTokenizer().save_hf(str(tmp_path))
   ours, hf = ByteTokenizer(), HFTokenizer(str(tmp_path / 'tokenizer.json'))
   assert (hf.vocab_size, hf.bos_id, hf.bos_token) == (257, 256, '<bos>')

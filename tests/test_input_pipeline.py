@@ -10,16 +10,16 @@ import grain
 import numpy as np
 import pytest
 
-from configs import base
-from input_pipeline import DataError, Tokenizer, build_data, make_tokenizer
-from input_pipeline.packing import PackIterDataset
-from input_pipeline.shuffle import WindowShuffleIterDataset
+from gated_attention.config import scales
+from gated_attention.input_pipeline import DataError, Tokenizer, build_data, make_tokenizer
+from gated_attention.input_pipeline.packing import PackIterDataset
+from gated_attention.input_pipeline.shuffle import WindowShuffleIterDataset
 
 BOS = 256  # the byte tokenizer's
 
 
 def data_cfg(**overrides):
-  cfg = base.get_config().data
+  cfg = scales.get_config().data
   cfg.update(overrides)
   return cfg
 

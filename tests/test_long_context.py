@@ -12,7 +12,7 @@ import pytest
 from configs import extend_context
 from gated_attention.inference import long_context
 from gated_attention.modes import long_context as long_context_mode
-from input_pipeline import synthetic
+from gated_attention.input_pipeline import synthetic
 from tests.test_analysis import ROOT, TINY_RUN_OVERRIDES, make_tiny_run
 from tests.test_synthetic import synth_cfg
 

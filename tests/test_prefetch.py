@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from gated_attention.training.prefetch import DevicePrefetch
-from input_pipeline import build_data
+from gated_attention.input_pipeline import build_data
 from tests.test_input_pipeline import assert_batches_equal, corpus, corpus_cfg, take  # noqa: F401
 
 

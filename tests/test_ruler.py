@@ -12,11 +12,11 @@ import grain
 import numpy as np
 import pytest
 
-from configs import base
-from input_pipeline import DataError, build_data, make_tokenizer, ruler
-from input_pipeline.packing import PackIterDataset
-from input_pipeline.shuffle import WindowShuffleIterDataset
-from input_pipeline.sources import Documents, load_documents, split_documents
+from gated_attention.config import scales
+from gated_attention.input_pipeline import DataError, build_data, make_tokenizer, ruler
+from gated_attention.input_pipeline.packing import PackIterDataset
+from gated_attention.input_pipeline.shuffle import WindowShuffleIterDataset
+from gated_attention.input_pipeline.sources import Documents, load_documents, split_documents
 from tests.test_input_pipeline import assert_batches_equal
 
 BOS = 256  # the byte tokenizer's
@@ -42,7 +42,7 @@ def byte_tok():
 @pytest.fixture(scope='module')
 def held_out():
   """The built-in corpus's held-out documents (17 stdlib files on CPython 3.11)."""
-  cfg = base.get_config().data
+  cfg = scales.get_config().data
   docs = load_documents(cfg)
   _, val_ids = split_documents(len(docs), cfg.val_fraction)
   return ruler.DocumentSubset(docs, val_ids, 'held-out')
@@ -208,7 +208,7 @@ def corpus(tmp_path_factory):
 
 
 def corpus_cfg(corpus, **overrides):
-  cfg = base.get_config().data
+  cfg = scales.get_config().data
   cfg.update(dict(source='text', path=corpus[0], seq_len=32, val_fraction=0.2, val_batches=2,
                   shuffle_buffer=8, mix_tokens=300), **overrides)
   return cfg
@@ -246,7 +246,7 @@ def reference_batches(cfg, seed, n):
 
 
 def test_mixing_off_changes_nothing(corpus):
-  assert base.get_config().data.mix_ratio == 0.0
+  assert scales.get_config().data.mix_ratio == 0.0
   want = reference_batches(corpus_cfg(corpus), 3, 30)
   for cfg in (corpus_cfg(corpus), corpus_cfg(corpus, mix_tasks='all', mix_tokens=0)):
     data = build_data(cfg, global_batch_size=4, seed=3)

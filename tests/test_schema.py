@@ -11,7 +11,7 @@ import pytest
 from gated_attention.config import scales, schema
 from gated_attention.errors import ConfigError
 from gated_attention.model import config as model_lib
-from input_pipeline import synthetic
+from gated_attention.input_pipeline import synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, 'configs', '*.py'))

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from configs import base
+from gated_attention.config import scales
 from gated_attention import distributed, sharding
 from gated_attention.compile import memory
 from gated_attention.training import train
@@ -30,7 +30,7 @@ GMM_CASES = [f'moegmm:{rules}' for rules in PRESETS]
 
 
 def _mesh_cfg(**sizes):
-  c = base.get_config('tiny').mesh
+  c = scales.get_config('tiny').mesh
   c.update(data=1, fsdp=1, tensor=1, expert=1)
   c.update(**sizes)
   return c
@@ -52,7 +52,7 @@ def test_every_parameter_has_logical_axes_and_the_rules_name_only_mesh_axes():
   known = {'layers', 'vocab', 'embed', 'heads', 'kv_heads', 'head_dim', 'mlp', 'expert',
            'expert_mlp', 'gate_out'}
   for scale, gate in (('tiny', 'g1'), ('tiny', 'g5'), ('moe_tiny', 'g2')):
-    c = base.get_config(scale)
+    c = scales.get_config(scale)
     c.model.gate.position = gate
     _, state = nnx.split(model_lib.abstract_model(model_config(c.model)))
     for v in jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, nnx.Variable)):
@@ -188,7 +188,7 @@ def test_build_mesh_on_real_devices():
 
 
 def _setup(scale, rules, n, **mesh):
-  c = base.get_config(scale)
+  c = scales.get_config(scale)
   c.model.gate.position = 'g1'
   c.mesh.update(data=1, fsdp=1, tensor=1, expert=1, rules=rules)
   c.mesh.update(**mesh)
@@ -271,7 +271,7 @@ def test_memory_report_moe_15a2b_on_64_devices(moe_15a2b_on_64):
 
 
 def test_memory_report_in_process_small_config_and_mesh():
-  c = base.get_config('moe_tiny')
+  c = scales.get_config('moe_tiny')
   c.model.gate.position = 'g1'
   c.mesh.update(data=2, fsdp=2, expert=2, rules='fsdp_expert')
   c.memory.num_devices = 8
@@ -293,7 +293,7 @@ def test_distributed_is_a_no_op_for_one_process_and_checks_the_config(monkeypatc
   for v in ('JAX_COORDINATOR_ADDRESS', 'SLURM_STEP_ID', 'SLURM_NTASKS', 'OMPI_COMM_WORLD_SIZE',
             'MEGASCALE_COORDINATOR_ADDRESS', 'TPU_WORKER_HOSTNAMES'):
     monkeypatch.delenv(v, raising=False)
-  cfg = base.get_config('tiny').distributed
+  cfg = scales.get_config('tiny').distributed
   assert distributed.launcher() is None
   assert distributed.initialize(cfg) is False
   monkeypatch.setenv('SLURM_NTASKS', '1')
@@ -304,7 +304,7 @@ def test_distributed_is_a_no_op_for_one_process_and_checks_the_config(monkeypatc
   monkeypatch.delenv('SLURM_NTASKS')
   monkeypatch.setenv('TPU_WORKER_HOSTNAMES', 'host-0,host-1')
   assert distributed.launcher() == 'tpu'
-  bad = base.get_config('tiny').distributed
+  bad = scales.get_config('tiny').distributed
   bad.coordinator_address = 'localhost:1234'
   with pytest.raises(ValueError, match='num_processes'):
     distributed.initialize(bad)

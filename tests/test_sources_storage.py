@@ -9,10 +9,10 @@ import pickle
 import numpy as np
 import pytest
 
-import input_pipeline
+from gated_attention import input_pipeline
 from gated_attention import storage
-from input_pipeline import sources
-from input_pipeline.errors import DataError
+from gated_attention.input_pipeline import sources
+from gated_attention.input_pipeline.errors import DataError
 from tests.test_input_pipeline import data_cfg
 
 

@@ -5,12 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from configs import base
-from input_pipeline import DataError, build_data, data_tokenizer, synthetic
+from gated_attention.config import scales
+from gated_attention.input_pipeline import DataError, build_data, data_tokenizer, synthetic
 
 
 def synth_cfg(task='bigram_backcopy', seq_len=32, **synthetic_overrides):
-  cfg = base.get_config().data
+  cfg = scales.get_config().data
   cfg.update(source='synthetic', task=task, seq_len=seq_len, val_batches=2)
   cfg.synthetic.update(synthetic_overrides)
   return cfg

@@ -14,11 +14,11 @@ import time
 import numpy as np
 import pytest
 
-import input_pipeline
+from gated_attention import input_pipeline
 from gated_attention import storage
-from input_pipeline import tokenized
-from input_pipeline.errors import DataError
-from input_pipeline.sources import load_documents, split_documents
+from gated_attention.input_pipeline import tokenized
+from gated_attention.input_pipeline.errors import DataError
+from gated_attention.input_pipeline.sources import load_documents, split_documents
 from tests.test_input_pipeline import BOS, assert_batches_equal, data_cfg, windows
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,7 +104,7 @@ def test_killed_mid_way_resumes_byte_identical(corpus, shards, tmp_path):
   out = str(tmp_path / 'killed')
   code = f'''
 import time
-from input_pipeline import tokenized, tokenizer
+from gated_attention.input_pipeline import tokenized, tokenizer
 class Slow(tokenizer.ByteTokenizer):
   def encode_doc(self, text):
     time.sleep(0.04)

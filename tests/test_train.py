@@ -12,7 +12,6 @@ import jax
 import numpy as np
 import pytest
 
-from configs import base
 from gated_attention.config import scales
 from gated_attention.runs import checkpoint as ckpt_lib
 from gated_attention.runs import rundir as workdir_lib
@@ -20,7 +19,7 @@ from gated_attention.training import loop
 from gated_attention import sharding
 from gated_attention.runs import factory
 from gated_attention.training import train as train_lib
-import input_pipeline
+from gated_attention import input_pipeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = {

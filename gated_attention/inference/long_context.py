@@ -38,8 +38,8 @@ import numpy as np
 
 from gated_attention.analysis import plots
 from gated_attention.errors import UserError
-from input_pipeline import ruler
-from input_pipeline import synthetic
+from gated_attention.input_pipeline import ruler
+from gated_attention.input_pipeline import synthetic
 
 
 class LongContextError(UserError, ValueError):

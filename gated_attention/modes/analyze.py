@@ -23,7 +23,7 @@ import time
 
 import jax
 
-import input_pipeline
+from gated_attention import input_pipeline
 from gated_attention import storage
 from gated_attention.analysis import analyze
 from gated_attention.runs import rundir

@@ -14,11 +14,11 @@ import json
 import math
 import time
 
-import input_pipeline
+from gated_attention import input_pipeline
 from gated_attention import storage
 from gated_attention.inference import generate, long_context
 from gated_attention.runs import rundir
-from input_pipeline import ruler
+from gated_attention.input_pipeline import ruler
 
 
 def run(workdir: str, *, overrides: dict | None = None, step: int | None = None) -> dict:

@@ -13,7 +13,7 @@ shards that are missing, with the same bytes.
 import json
 import sys
 
-from input_pipeline import tokenized
+from gated_attention.input_pipeline import tokenized
 
 
 def main(args):

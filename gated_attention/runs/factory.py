@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-import input_pipeline
+from gated_attention import input_pipeline
 from gated_attention import sharding
 from gated_attention.model import transformer as model_lib
 from gated_attention.errors import CheckpointError

@@ -500,7 +500,7 @@ def _tokenizer(config):
   the notebook)."""
   if _no_tokenizer(config):
     return None
-  import input_pipeline  # pylint: disable=g-import-not-at-top
+  from gated_attention import input_pipeline  # pylint: disable=g-import-not-at-top
   return input_pipeline.data_tokenizer(config.data)
 
 

@@ -24,7 +24,7 @@ import time
 
 import jax
 
-import input_pipeline
+from gated_attention import input_pipeline
 from gated_attention.runs import checkpoint as ckpt_lib
 from gated_attention.runs import lock as lock_lib
 from gated_attention.runs import rundir as workdir_lib

@@ -161,7 +161,7 @@ def _writes_byte_tokenizer(config, tokenizer_dir: str | None) -> bool:
   """A run trained on the byte tokenizer is exported with its tokenizer.json
   (input_pipeline's ByteTokenizer.save_hf: the same ids in `tokenizers` and `transformers`); a
   model whose vocabulary is smaller than the byte tokenizer's cannot have been trained on it."""
-  from input_pipeline.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
+  from gated_attention.input_pipeline.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
   return (tokenizer_dir is None and str(config.data.tokenizer) == 'byte'
           and config.model.vocab_size >= ByteTokenizer.vocab_size)
 
@@ -173,7 +173,7 @@ def _bos(config, tokenizer_files: list, byte_tokenizer: bool) -> tuple[str, int]
   config.json names them (hf_config.PASSTHROUGH); this fills the ones it does not."""
   if not (tokenizer_files or byte_tokenizer):
     return None
-  from input_pipeline import make_tokenizer  # pylint: disable=g-import-not-at-top
+  from gated_attention.input_pipeline import make_tokenizer  # pylint: disable=g-import-not-at-top
   tok = make_tokenizer(str(config.data.tokenizer) if not tokenizer_files
                        else tokenizer_files[0][0])
   return getattr(tok, 'bos_token', None), int(tok.bos_id)
@@ -249,7 +249,7 @@ def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
     if tok_cfg is not None:
       _write_json(os.path.join(tmp, 'tokenizer_config.json'), tok_cfg)
     if byte_tokenizer:
-      from input_pipeline.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
+      from gated_attention.input_pipeline.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
       ByteTokenizer().save_hf(tmp)
     if os.path.isdir(out_dir):
       os.rmdir(out_dir)
