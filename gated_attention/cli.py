@@ -214,7 +214,7 @@ def _args(rest) -> modes.Args:
   """The command line, parsed once, as the modes' explicit arguments: a flag of another mode
   than --mode's is refused, naming the modes that take it."""
   mode = modes.MODES[FLAGS.mode]
-  for name, flag in modes.FLAGS.items():
+  for name in modes.FLAGS:
     if FLAGS[name].present and name not in mode.flags:
       takers = [m.name for m in modes.MODES.values() if name in m.flags]
       _fail(f'Error in the command line: --{name} belongs to --mode={" / --mode=".join(takers)}; '

@@ -614,12 +614,12 @@ def test_probe_closing_on_a_full_disk_frees_the_lock(tmp_path):
   run.progress = type('P', (), {'close': lambda: calls.append('progress')})
   run.writer = type('W', (), {'close': fail('writer')})
   run.lock = lock
-  loop._close(run, raise_errors=False)  # pylint: disable=protected-access
+  loop.close_run(run, raise_errors=False)
   assert calls == ['iter', 'ckpt', 'progress', 'writer']
   assert not os.path.exists(lock.path)
   lock.acquire()
   with pytest.raises(OSError, match='writer'):
-    loop._close(run)  # pylint: disable=protected-access
+    loop.close_run(run)
   assert not os.path.exists(lock.path)
 
 

@@ -168,7 +168,7 @@ def test_a_failing_seed_leaves_the_batch_and_the_others_finish(tmp_path, monkeyp
   """Seed 6's guard reports a failure at step 8 (a stand-in for a divergence): it stops with its
   checkpoint of step 6, seed 5 trains to the end, and the run says so; seed 6 resumes alone."""
   from gated_attention.training import stability  # pylint: disable=g-import-not-at-top
-  check = loop._check_pending
+  check = loop.check_pending
 
   def failing(run):
     failure = check(run)

@@ -2,6 +2,12 @@
 
     loop.run(config, workdir)      # main.py --mode=train
 
+One run's parts, public for a driver that steps several runs together (training/seeds.py):
+`start_run(config, workdir, setup)` -> a `Run` (lock, data, state, writers; `describe_run` says
+what it is), then per step `due_now(run)` (log / eval / save), `check_pending(run)` (the stability
+guard's verdict), `log_evaluate_save(run, ...)`; `save_on_interrupt` on SIGTERM / Ctrl-C (an
+`Interrupt` catches them) and `close_run(run)` at the end, whatever happened.
+
 One step: the next batch of the data iterator, already on the devices (prefetch.py reads
 `data.device_prefetch` batches ahead in a thread) -> train.Setup.train_step (jit; a non-finite step
 changes nothing) -> its loss and finiteness are queued on the device and, at every log, eval or
@@ -41,7 +47,7 @@ class TrainingStopped(UserError):
   """The run stopped on a failure its policy does not recover from (nothing bad was saved)."""
 
 
-class _Interrupt:
+class Interrupt:
   """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and exits cleanly."""
 
   def __init__(self):
@@ -89,7 +95,7 @@ def check_loop_config(config):
 
 
 @dataclasses.dataclass
-class _Run:
+class Run:
   """What one training run holds while it trains."""
   config: object
   workdir: str
@@ -166,7 +172,7 @@ def _check_init_from(source: str, abstract_params: dict):
         'init_from to train from scratch.')
 
 
-def _init_from(run: _Run, source: str):
+def _init_from(run: Run, source: str):
   """A fresh run starting from another run's latest parameters (train.init_from)."""
   step, run.params = run.setup.restore(source, warn=_say)    # the factory's verified restore
   run.opt_state = run.setup.init_opt_state(run.params)
@@ -178,7 +184,7 @@ def _say(text: str):
     print(text, flush=True)
 
 
-def _start(config, workdir: str, setup: train_lib.Setup | None = None) -> _Run:
+def start_run(config, workdir: str, setup: train_lib.Setup | None = None) -> Run:
   """Data, mesh, compiled steps; the state from scratch, a warm start, or the latest intact
   checkpoint. `setup`: one already built for this config (seeds.py shares one among seeds);
   None builds it."""
@@ -194,8 +200,8 @@ def _start(config, workdir: str, setup: train_lib.Setup | None = None) -> _Run:
 
 
 def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
-                  setup: train_lib.Setup | None = None) -> _Run:
-  """_start's work once this trainer holds the run directory's lock."""
+                  setup: train_lib.Setup | None = None) -> Run:
+  """start_run's work once this trainer holds the run directory's lock."""
   tc = config.train
   data = _build_data(config)
   if setup is None:
@@ -213,7 +219,7 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
     checkpointer.check_shapes(latest, setup.abstract_params)
   workdir_lib.check_or_write_config(
       workdir, config, resuming_data=latest is not None and checkpointer.has_data(latest))
-  run = _Run(config, workdir, data, setup, checkpointer, MetricsWriter(workdir),
+  run = Run(config, workdir, data, setup, checkpointer, MetricsWriter(workdir),
              stability.Guard(tc, config.model.vocab_size), lock=lock)
   restored = checkpointer.restore_latest(run.abstract_state, data.train_iter, warn=_say)
   if restored is not None:
@@ -226,7 +232,7 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
   return run
 
 
-def _log_events(run: _Run, events):
+def _log_events(run: Run, events):
   for e in events:
     run.writer.write(e.step, e.kind, e.row())
     if e.kind in ('spike', 'diverged'):
@@ -237,7 +243,7 @@ def _log_events(run: _Run, events):
                          f'{e.loss}); the step was skipped')
 
 
-def _check_pending(run: _Run):
+def check_pending(run: Run):
   """Feeds the queued steps to the guard; returns the first failure event, or None."""
   if not run.pending:
     return None
@@ -253,7 +259,7 @@ def _check_pending(run: _Run):
   return None
 
 
-def _recover(run: _Run, failure: stability.Event):
+def _recover(run: Run, failure: stability.Event):
   """Rolls back to the best checkpoint before the failure, or raises TrainingStopped."""
   tc, ckpt = run.config.train, run.checkpointer
   best = ckpt.best_step(before=failure.step)
@@ -281,7 +287,7 @@ def _recover(run: _Run, failure: stability.Event):
       'checkpoint with a lower learning rate automatically.')
 
 
-def _step(run: _Run, batch) -> dict:
+def _step(run: Run, batch) -> dict:
   setup = run.setup
   try:
     run.params, run.opt_state, metrics = setup.train_step(run.params, run.opt_state, batch,
@@ -301,7 +307,7 @@ def _step(run: _Run, batch) -> dict:
   return metrics
 
 
-def _log_train(run: _Run, metrics, throughput: Throughput):
+def _log_train(run: Run, metrics, throughput: Throughput):
   tc = run.config.train
   metrics = jax.device_get(metrics)
   metrics.update(learning_rate=train_lib.learning_rate_at(tc, run.step - 1)
@@ -314,7 +320,7 @@ def _log_train(run: _Run, metrics, throughput: Throughput):
   throughput.reset()
 
 
-def _evaluate_and_log(run: _Run) -> dict:
+def _evaluate_and_log(run: Run) -> dict:
   val = evaluate(run.setup, run.params, run.data)
   run.writer.write(run.step, 'val', val)
   run.progress.write(f'step {run.step}: val loss {val["loss"]:.4f} ppl {val["ppl"]:.2f} '
@@ -322,7 +328,7 @@ def _evaluate_and_log(run: _Run) -> dict:
   return val
 
 
-def _describe(run: _Run) -> str:
+def describe_run(run: Run) -> str:
   config = run.config
   report = model_lib.param_report(run.setup.model_cfg)
   return (f'{config.variant} ({config.scale}): {report["total"]:,} parameters '
@@ -331,7 +337,7 @@ def _describe(run: _Run) -> str:
           f'data: {json.dumps(run.data.describe())}')
 
 
-def _say_not_saved(run: _Run):
+def _say_not_saved(run: Run):
   """The last step is not saved when the loss is not calm (a spike or a skipped step within
   spike_window steps): the run ends with its last calm checkpoint."""
   since = run.guard.since_trouble
@@ -345,14 +351,14 @@ def _say_not_saved(run: _Run):
       '--config.train.learning_rate (or raise warmup_steps / grad_clip) and resume.')
 
 
-def _due(run: _Run) -> list[bool]:
+def due_now(run: Run) -> list[bool]:
   """Whether the step just taken is a [log, eval, save] point (the last step is all three)."""
   tc, last = run.config.train, run.step == run.config.train.steps
   return [run.step % tc.log_every == 0 or last, run.step % tc.eval_every == 0 or last,
           run.checkpointer.should_save(run.step) or last]
 
 
-def _log_evaluate_save(run: _Run, metrics, throughput: Throughput, due: list[bool]):
+def log_evaluate_save(run: Run, metrics, throughput: Throughput, due: list[bool]):
   """The train row, the validation row and the checkpoint of the step just taken, as `due`
   says (after the guard saw it); returns the validation row or None, and whether it saved."""
   val, saved = None, False
@@ -371,15 +377,15 @@ def _log_evaluate_save(run: _Run, metrics, throughput: Throughput, due: list[boo
   return val, saved
 
 
-def _save_on_interrupt(run: _Run, signum, saved: bool):
+def save_on_interrupt(run: Run, signum, saved: bool):
   """A signal stopped the loop: the state is saved unless it just was or is not calm."""
-  if not saved and _check_pending(run) is None and run.guard.calm:
+  if not saved and check_pending(run) is None and run.guard.calm:
     run.save()
   run.progress.write(f'Interrupted (signal {signum}) at step {run.step}: '
                      'checkpoint saved; run the same command again to resume.')
 
 
-def _train(run: _Run, interrupt: _Interrupt) -> dict:
+def _train(run: Run, interrupt: Interrupt) -> dict:
   """Steps until the end or a signal; returns the last validation row."""
   tc, setup = run.config.train, run.setup
   throughput = Throughput(run.config, setup.model_cfg)
@@ -391,18 +397,18 @@ def _train(run: _Run, interrupt: _Interrupt) -> dict:
       batch = next(run.data.train_iter)            # global arrays, on the devices (prefetch.py)
       throughput.tick(data_wait=time.perf_counter() - start)
       metrics = _step(run, batch)
-      due = _due(run)
+      due = due_now(run)
       if any(due):
-        failure = _check_pending(run)
+        failure = check_pending(run)
         if failure is not None:
           _recover(run, failure)
           throughput.reset()
           continue
-      new_val, saved = _log_evaluate_save(run, metrics, throughput, due)
+      new_val, saved = log_evaluate_save(run, metrics, throughput, due)
       val = new_val if new_val is not None else val
       last_saved = run.step if saved else last_saved
     if interrupt.signal is not None:
-      _save_on_interrupt(run, interrupt.signal, last_saved == run.step)
+      save_on_interrupt(run, interrupt.signal, last_saved == run.step)
   return val
 
 
@@ -423,24 +429,24 @@ def run(config, workdir: str, on_finish=None) -> dict:
   `on_finish(Finished)`, if given, runs once the last step is trained and saved and the run's
   files are closed (not after an interrupted run, nor one whose last step was not calm)."""
   compilation_cache.enable(config.get('compilation_cache', ''))
-  state = _start(config, workdir)
-  state.progress.write(_describe(state))
-  interrupt = _Interrupt()
+  state = start_run(config, workdir)
+  state.progress.write(describe_run(state))
+  interrupt = Interrupt()
   try:
     val = _train(state, interrupt)
   except BaseException:   # the first error is the one reported; closing must not hide it
     interrupt.restore()
-    _close(state, raise_errors=False)
+    close_run(state, raise_errors=False)
     raise
   interrupt.restore()
-  _close(state)
+  close_run(state)
   if (on_finish is not None and interrupt.signal is None
       and state.step == config.train.steps == workdir_lib.latest_step(workdir)):
     on_finish(Finished(workdir, state.step, state.params, state.setup, state.data))
   return val or {}
 
 
-def _close(run: _Run, raise_errors: bool = True):
+def close_run(run: Run, raise_errors: bool = True):
   """Stops the prefetch thread, waits for the last save, closes the files, frees the lock: each
   step runs whatever the ones before it raised (a full disk fails the files' close, and the lock
   is freed all the same); the first error is raised afterwards if `raise_errors`."""

@@ -143,7 +143,7 @@ def _check_aligned(runs):
 
 def _feed_guards(runs, pending) -> dict:
   """Gives each seed its queued (step, loss, finite) values; {seed index: failure event} for
-  the seeds whose guard reports a failure (loop._check_pending logs every event)."""
+  the seeds whose guard reports a failure (loop.check_pending logs every event)."""
   if not pending:
     return {}
   values = jax.device_get([(m['loss'], m['finite']) for _, m in pending])
@@ -151,7 +151,7 @@ def _feed_guards(runs, pending) -> dict:
   for i, run in enumerate(runs):
     run.pending = [(s, {'loss': loss[i], 'finite': finite[i]})
                    for (s, _), (loss, finite) in zip(pending, values)]
-    failure = loop._check_pending(run)  # pylint: disable=protected-access
+    failure = loop.check_pending(run)
     if failure is not None:
       failures[i] = failure
   pending.clear()
@@ -195,7 +195,7 @@ def _train(stacked: Stacked, runs, interrupt, close) -> tuple[dict, list[str]]:
       for r in runs:
         r.step += 1
       pending.append((runs[0].step, metrics_S))
-      due = loop._due(runs[0])  # pylint: disable=protected-access
+      due = loop.due_now(runs[0])
       if not any(due):
         for r in runs:
           r.progress.update(r.step, None)
@@ -208,7 +208,7 @@ def _train(stacked: Stacked, runs, interrupt, close) -> tuple[dict, list[str]]:
         if due[1] or due[2]:
           r.params, r.opt_state = stacked.take(params_S, opt_S, i, opt=due[2])
         metrics = {k: v[i] for k, v in host.items()} if host is not None else None
-        val, saved = loop._log_evaluate_save(r, metrics, throughputs[i], due)  # pylint: disable=protected-access
+        val, saved = loop.log_evaluate_save(r, metrics, throughputs[i], due)
         if val is not None:
           vals[r.config.seed] = val
         last_saved = r.step if saved else last_saved
@@ -233,7 +233,7 @@ def _train(stacked: Stacked, runs, interrupt, close) -> tuple[dict, list[str]]:
           continue
         if last_saved != r.step:
           r.params, r.opt_state = stacked.take(params_S, opt_S, i)
-        loop._save_on_interrupt(r, interrupt.signal, last_saved == r.step)  # pylint: disable=protected-access
+        loop.save_on_interrupt(r, interrupt.signal, last_saved == r.step)
   return vals, stopped
 
 
@@ -250,17 +250,17 @@ def run(config, workdirs: dict) -> dict:
   def close(r):
     if id(r) not in closed:
       closed.add(id(r))
-      loop._close(r)  # pylint: disable=protected-access
+      loop.close_run(r)
 
   try:
     for s, c in configs.items():
-      runs.append(loop._start(c, workdirs[s], setup))  # pylint: disable=protected-access
+      runs.append(loop.start_run(c, workdirs[s], setup))
     _check_aligned(runs)
     for r in runs:
       r.progress.close()
       r.progress = Progress(r.step, r.config.train.steps, prefix=f'[seed {r.config.seed}] ')
-      r.progress.write(loop._describe(r))  # pylint: disable=protected-access
-    interrupt = loop._Interrupt()  # pylint: disable=protected-access
+      r.progress.write(loop.describe_run(r))
+    interrupt = loop.Interrupt()
     try:
       vals, stopped = _train(Stacked(setup), list(runs), interrupt, close)
     finally:
