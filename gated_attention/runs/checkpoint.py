@@ -41,8 +41,7 @@ import orbax.checkpoint as ocp
 from gated_attention import console
 from gated_attention import storage
 from gated_attention.errors import CheckpointError
-
-CHECKPOINTS_DIR = 'checkpoints'   # in the run directory (rundir.py lists its files)
+from gated_attention.runs.rundir import CHECKPOINTS_DIR  # pylint: disable=unused-import
 
 
 @contextlib.contextmanager

@@ -55,7 +55,7 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
   _check_room(workdir, int(sum(x.nbytes for x in jax.tree.leaves(params))))
   created = not os.path.exists(workdir)
   new = [p for p in (os.path.join(workdir, rundir.CONFIG_FILE),
-                     os.path.join(workdir, ckpt_lib.CHECKPOINTS_DIR)) if not os.path.exists(p)]
+                     os.path.join(workdir, rundir.CHECKPOINTS_DIR)) if not os.path.exists(p)]
   try:
     rundir.check_or_write_config(workdir, config)
     checkpointer = ckpt_lib.Checkpointer(workdir)
@@ -114,8 +114,8 @@ def export_run(workdir: str, out_dir: str, *, step: int | None = None, dtype: st
   config = rundir.read_config(workdir)
   hf_config.check_exportable(config)
   convert.check_out_dir(out_dir)   # before the checkpoint is read: an --out that cannot be written
-  step, params = rundir.model_factory(config).restore(workdir, step)
-  params = jax.device_get(params)
+  run = rundir.load_run(workdir, step, config=config)
+  step, params = run.step, jax.device_get(run.params)
   out = convert.save_hf(config, params, out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes,
                         remote_code_dir=remote_code_dir)
   return dict(out, out_dir=os.path.abspath(out_dir), step=step, seconds=round(time.time() - t0, 1),
