@@ -41,7 +41,8 @@ import orbax.checkpoint as ocp
 from gated_attention import console
 from gated_attention import storage
 from gated_attention.errors import CheckpointError
-from gated_attention.runs.rundir import CHECKPOINTS_DIR  # pylint: disable=unused-import
+
+CHECKPOINTS_DIR = 'checkpoints'   # in the run directory (rundir.py lists its files)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@
     RUN/metrics.jsonl        one JSON row per log / eval / event (read_metrics)
     RUN/metrics/<n>.jsonl    the same rows on object storage (gs://): numbered chunk objects,
                              read back in order after metrics.jsonl (no append there)
-    RUN/checkpoints/<step>/  orbax checkpoints (checkpoint.py writes CHECKPOINTS_DIR): {state, data}
+    RUN/checkpoints/<step>/  orbax checkpoints (checkpoint.py, its CHECKPOINTS_DIR): {state, data}
     RUN/analysis/            --mode=analyze's report.json and figures (read_report)
     RUN/long_context/<tag>/  --mode=long_context's reports
     RUN/tensorboard/         the same metrics for TensorBoard
@@ -49,7 +49,6 @@ from gated_attention.model import config as model_config
 from gated_attention.runs import upgrade
 
 CONFIG_FILE = 'config.json'
-CHECKPOINTS_DIR = 'checkpoints'  # orbax's checkpoints, one folder a step (checkpoint.py)
 METRICS_FILE = 'metrics.jsonl'
 METRICS_DIR = 'metrics'          # object storage: metrics chunks <n>.jsonl (training/reporting.py)
 ANALYSIS_DIR = 'analysis'
@@ -200,7 +199,8 @@ def check_workdir(workdir: str):
                           'can write to.')
   # The run's own names taken by the wrong kind of entry (issue 37: a file `checkpoints` made
   # the run start over from step 0 and then time out in orbax).
-  for name, want_dir in ((CHECKPOINTS_DIR, True), (METRICS_FILE, False), (LOCK_FILE, False),
+  from gated_attention.runs import checkpoint  # pylint: disable=g-import-not-at-top
+  for name, want_dir in ((checkpoint.CHECKPOINTS_DIR, True), (METRICS_FILE, False), (LOCK_FILE, False),
                          (CONFIG_FILE, False)):
     path = os.path.join(workdir, name)
     if os.path.lexists(path) and os.path.isdir(path) != want_dir:
@@ -353,7 +353,7 @@ def read_long_context(workdir: str, tag: str) -> dict | None:
 def checkpoint_steps(workdir: str) -> list[int]:
   """Steps of the finished checkpoints (unfinished orbax temporaries are ignored)."""
   from gated_attention.runs import checkpoint  # pylint: disable=g-import-not-at-top
-  if not storage.isdir(storage.join(workdir, CHECKPOINTS_DIR)):
+  if not storage.isdir(storage.join(workdir, checkpoint.CHECKPOINTS_DIR)):
     return []
   ckpt = checkpoint.Checkpointer(workdir, read_only=True)
   try:

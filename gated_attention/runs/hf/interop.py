@@ -55,7 +55,7 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
   _check_room(workdir, int(sum(x.nbytes for x in jax.tree.leaves(params))))
   created = not os.path.exists(workdir)
   new = [p for p in (os.path.join(workdir, rundir.CONFIG_FILE),
-                     os.path.join(workdir, rundir.CHECKPOINTS_DIR)) if not os.path.exists(p)]
+                     os.path.join(workdir, ckpt_lib.CHECKPOINTS_DIR)) if not os.path.exists(p)]
   try:
     rundir.check_or_write_config(workdir, config)
     checkpointer = ckpt_lib.Checkpointer(workdir)
