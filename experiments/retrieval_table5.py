@@ -1,5 +1,7 @@
-"""The paper's Table 5 in miniature: retrieval within and beyond a continued context, with and
-without YaRN, baseline against G1 elementwise (Qiu et al. 2025, Sec. 4.4).
+"""Table 5 in miniature: retrieval beyond a continued context, with and without YaRN
+
+The paper's Table 5 (Qiu et al. 2025, Sec. 4.4), baseline against G1 elementwise, on a task where
+retrieval forms in this miniature.
 
 The runs of experiments/retrieval_pairs.py (multi-query associative recall with 2 pairs a
 document at 64 tokens, six seeds a variant; after 3,000 steps retrieval had formed in 4 of 6
@@ -13,6 +15,14 @@ retrieval has not formed by step 6,000 (validation loss near 1.30, exact match n
 guessing one of the two values) answer the probes by guessing here too.
 Train it by copying retrieval_pairs' runs into this experiment's runs/ (or it trains them again:
 same commands), then `python -m experiments.run experiments/retrieval_table5.py --jobs 2`.
+Measured (2026-12-04, 2-core CPU, two runs side by side, the test suite beside them for half the
+time): 9-13 minutes a run (3,000 more steps, the extension, two evaluations), 189 minutes summed,
+about 75 minutes of wall time. Two baseline extensions (seeds 1 and 4) ended with a loss blip in
+their last 50 steps (1.12x and 1.23x the running level), so the guard kept their step-500
+checkpoint ("extension interrupted"); they were resumed from it with
+`--config=configs/from_run.py:RUN/extended --workdir=RUN/extended
+--config.train.spike_min_ratio=1.5` (the same losses, step by step, then saved at 750) and the
+runner run again, which evaluated them.
 """
 
 from experiments import retrieval_extension, retrieval_pairs
