@@ -70,8 +70,7 @@ flags.DEFINE_enum('mode', 'train', list(modes.MODES),
 
 def _define(flag: modes.Flag):
   """absl's flag of a mode flag (modes.FLAGS), its help naming the modes that take it."""
-  takers = ', '.join(m.name for m in modes.MODES.values() if flag.name in m.flags)
-  help_ = f'--mode={takers}: {flag.help}'
+  help_ = f'--mode={", ".join(modes.modes_taking(flag.name))}: {flag.help}'
   if flag.kind == 'enum':
     flags.DEFINE_enum(flag.name, flag.default, list(flag.enum_values), help_)
   else:
@@ -216,8 +215,8 @@ def _args(rest) -> modes.Args:
   mode = modes.MODES[FLAGS.mode]
   for name in modes.FLAGS:
     if FLAGS[name].present and name not in mode.flags:
-      takers = [m.name for m in modes.MODES.values() if name in m.flags]
-      _fail(f'Error in the command line: --{name} belongs to --mode={" / --mode=".join(takers)}; '
+      takers = ' / --mode='.join(modes.modes_taking(name))
+      _fail(f'Error in the command line: --{name} belongs to --mode={takers}; '
             f'--mode={mode.name} does not take it.')
   options = {modes.FLAGS[name].key: FLAGS[name].value for name in mode.flags}
   if 'seeds' in options:

@@ -63,6 +63,11 @@ FLAGS = {f.name: f for f in (
 )}
 
 
+def modes_taking(flag: str) -> list[str]:
+  """The names of the modes whose row names `flag`, in the table's order."""
+  return [m.name for m in MODES.values() if flag in m.flags]
+
+
 @dataclasses.dataclass(frozen=True)
 class Args:
   """The parsed command line: what every mode takes, and in `options` the flags of the mode's

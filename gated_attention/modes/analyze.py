@@ -70,12 +70,13 @@ def run(workdir: str, *, config=None, overrides: dict | None = None,
   t0 = time.time()
   overrides = dict(overrides or {})
   saved = rundir.read_config(workdir)  # a missing or unreadable run directory first
-  if not rundir.checkpoint_steps(workdir):
+  steps = rundir.checkpoint_steps(workdir)   # listed once: the checks below both read it
+  if not steps:
     raise analyze.AnalysisError(
         f'{workdir!r} has no finished checkpoint under checkpoints/: nothing to analyse. Train '
         'first (checkpoints are written every config.train.checkpoint_every steps and at the '
         'end).')
-  rundir.pick_step(workdir, step)       # a step it lacks: named before any work
+  rundir.pick_step(workdir, step, steps)   # a step it lacks: named before any work
   opts = analyze.options(config, overrides, options)
   cfg = _config(saved, config, overrides, opts)
   rundir.check_tokenizer(workdir, cfg, 'the analysis (held-out text)')

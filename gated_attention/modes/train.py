@@ -32,14 +32,14 @@ def train_config(args, workdir: str | None = None):
 
 
 def check(args):
-  """Refuses what this mode's flags cannot do together (cli.py calls it before any work)."""
+  """Refuses what this mode's flags cannot do together (cli.dispatch calls it before any
+  work, and before main)."""
   if args.seeds and args.analyze:
     raise ConfigError('--analyze analyses a run after --mode=train of one seed; analyse each '
                       'seed\'s run with --mode=analyze --workdir=RUN.')
 
 
 def main(args):
-  check(args)
   if args.seeds:
     workdirs = rundir.seed_workdirs(args.workdir, args.seeds)
     seeds.run(train_config(args, next(iter(workdirs.values()))), workdirs)
