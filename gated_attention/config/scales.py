@@ -14,8 +14,6 @@
 import ml_collections
 
 from gated_attention.config import schema
-from gated_attention.model.gating import GateSpec
-from gated_attention.model.moe import MoESpec
 
 SCALES = ('tiny', 'dense_1p7b_28l', 'dense_1p7b_48l', 'moe_15a2b', 'moe_tiny', 'dense_90m')
 PAPER_SCALES = ('dense_1p7b_28l', 'dense_1p7b_48l', 'moe_15a2b')
