@@ -291,6 +291,25 @@ def remove(path: str):
   _written(path)
 
 
+def remove_tree(path: str):
+  """Deletes a file or a directory with everything under it (remote: every object under the
+  prefix); nothing there is not an error."""
+  if not is_remote(path):
+    import shutil  # pylint: disable=g-import-not-at-top
+    local = _local(path)
+    if os.path.isdir(local) and not os.path.islink(local):
+      shutil.rmtree(local)
+    elif os.path.lexists(local):
+      os.remove(local)
+    return
+  fs, p = filesystem(path)
+  _written(path)   # listings cached before another writer (orbax) added objects there
+  with _errors(path, 'delete'):
+    if fs.exists(p):
+      fs.rm(p, recursive=True)
+  _written(path)
+
+
 def copy_tree(src: str, dst: str):
   """Copies every file under `src` to the same place under `dst` (remote: server-side copies)."""
   if not is_remote(src):

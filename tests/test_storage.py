@@ -63,6 +63,21 @@ def test_move_tree_copies_then_deletes(root):
   assert storage.read_text(storage.join(dst, 'state', 'b')) == 'bbb'
 
 
+def test_remove_tree_deletes_a_folder_a_file_and_nothing(root):
+  storage.makedirs(root)
+  tree = storage.join(root, 'ckpt')
+  for name in ('a', 'b'):
+    storage.write(_mk(tree, '0', name) if not storage.is_remote(root) else
+                  storage.join(tree, '0', name), name)
+  kept = storage.join(root, 'kept.txt')
+  storage.write(kept, 'k')
+  storage.remove_tree(tree)
+  assert not storage.exists(tree) and storage.listdir(root) == ['kept.txt']
+  storage.remove_tree(storage.join(root, 'missing'))          # nothing there: no error
+  storage.remove_tree(kept)
+  assert storage.listdir(root) == []
+
+
 def test_object_generations(gcs):
   obj = storage.Object(gcs.url('lock'))
   assert obj.read() is None and obj.generation() == 0

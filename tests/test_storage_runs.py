@@ -181,3 +181,38 @@ def test_sample_long_context_and_import_on_gcs(gcs_run, env, bucket):
   assert done.returncode == 0, done.stderr[-2000:]
   assert rundir.checkpoint_steps(imported) == [0]
   assert rundir.read_config(imported).variant == 'g1_elementwise'
+
+
+@pytest.mark.parametrize('where', ['local', 'gcs'])
+def test_a_failed_import_leaves_nothing_and_a_good_one_names_its_workdir(where, tmp_path,
+                                                                         monkeypatch, request):
+  """--mode=import whose checkpoint write fails part-way (a refused upload on gs://, a full disk
+  locally) removes what it wrote, config.json and the partial step alike, on either storage; the
+  same import then succeeds and reports the workdir as given (gs://..., not a local path)."""
+  from gated_attention.errors import CheckpointError  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  root = (request.getfixturevalue('gcs').url('imports') if where == 'gcs'
+          else str(tmp_path / 'imports'))
+  storage.makedirs(root)
+  storage.write(storage.join(root, 'other.txt'), 'not ours')
+  workdir = storage.join(root, 'run')
+  hf = os.path.join(REPO, 'tests', 'fixtures', 'hf', 'elementwise_tied')
+  save = ckpt_lib.Checkpointer.save_params
+
+  def partial_then_fail(self, step, params):
+    del params
+    storage.makedirs(storage.join(workdir, 'checkpoints', str(step)))
+    storage.write(storage.join(workdir, 'checkpoints', str(step), 'part'), b'x' * 100)
+    raise OSError(28, 'No space left on device')
+  monkeypatch.setattr(ckpt_lib.Checkpointer, 'save_params', partial_then_fail)
+  with pytest.raises(CheckpointError, match='failed while writing it: OSError.*was removed'):
+    interop.import_run(hf, workdir)
+  assert storage.listdir(root) == ['other.txt']
+  monkeypatch.setattr(ckpt_lib.Checkpointer, 'save_params', save)
+  summary = interop.import_run(hf, workdir)
+  assert summary['workdir'] == storage.abspath(workdir)
+  assert summary['workdir'].startswith('gs://') == (where == 'gcs')
+  assert rundir.checkpoint_steps(workdir) == [0]
+  with pytest.raises(CheckpointError, match='already holds a run'):
+    interop.import_run(hf, workdir)

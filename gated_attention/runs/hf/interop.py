@@ -38,8 +38,7 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
   holds a run, before anything is written."""
   t0 = time.time()
   rundir.check_workdir(workdir)
-  saved = os.path.join(workdir, rundir.CONFIG_FILE)
-  if os.path.exists(saved) or rundir.checkpoint_steps(workdir):
+  if storage.exists(storage.join(workdir, rundir.CONFIG_FILE)) or rundir.checkpoint_steps(workdir):
     raise CheckpointError(f'--workdir={workdir} already holds a run; import into a new '
                           'directory.')
   config, params = convert.load_hf(hf_dir)
@@ -53,9 +52,9 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
   rundir.model_factory(config)   # validates the model config on this machine
   count = int(sum(x.size for x in jax.tree.leaves(params)))
   _check_room(workdir, int(sum(x.nbytes for x in jax.tree.leaves(params))))
-  created = not os.path.exists(workdir)
-  new = [p for p in (os.path.join(workdir, rundir.CONFIG_FILE),
-                     os.path.join(workdir, ckpt_lib.CHECKPOINTS_DIR)) if not os.path.exists(p)]
+  created = not storage.exists(workdir)
+  new = [p for p in (storage.join(workdir, rundir.CONFIG_FILE),
+                     storage.join(workdir, ckpt_lib.CHECKPOINTS_DIR)) if not storage.exists(p)]
   try:
     rundir.check_or_write_config(workdir, config)
     checkpointer = ckpt_lib.Checkpointer(workdir)
@@ -67,20 +66,18 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
       checkpointer.close()
   except (CheckpointError, OSError) as e:  # a full or failing disk: nothing half-imported is kept
     for path in new:
-      if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-      else:
-        with contextlib.suppress(OSError):
-          os.remove(path)
-    if created and os.path.isdir(workdir) and not os.listdir(workdir):
-      os.rmdir(workdir)
+      with contextlib.suppress(OSError):
+        storage.remove_tree(path)
+    if created and not storage.is_remote(workdir) and os.path.isdir(workdir) and not os.listdir(
+        workdir):
+      os.rmdir(workdir)   # (a prefix on object storage is gone with its last object)
     cause = e.__cause__ if isinstance(e, CheckpointError) and e.__cause__ else e
     reason = f'{type(cause).__name__}: {cause}'.splitlines()[0]
     raise CheckpointError(
         f'Importing {hf_dir} into --workdir={workdir} failed while writing it: {reason}. What '
         'the import had written there was removed; fix the cause (disk space, permissions) and '
         'run the same command again.') from e
-  return {'workdir': os.path.abspath(workdir), 'variant': config.variant, 'step': IMPORT_STEP,
+  return {'workdir': storage.abspath(workdir), 'variant': config.variant, 'step': IMPORT_STEP,
           'source': os.path.abspath(hf_dir), 'tokenizer': config.data.tokenizer,
           'parameters': count,
           'read_seconds': round(t_read, 1), 'seconds': round(time.time() - t0, 1),
@@ -118,5 +115,5 @@ def export_run(workdir: str, out_dir: str, *, step: int | None = None, dtype: st
   step, params = run.step, jax.device_get(run.params)
   out = convert.save_hf(config, params, out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes,
                         remote_code_dir=remote_code_dir)
-  return dict(out, out_dir=os.path.abspath(out_dir), step=step, seconds=round(time.time() - t0, 1),
+  return dict(out, out_dir=storage.abspath(out_dir), step=step, seconds=round(time.time() - t0, 1),
               peak_rss_gib=round(_peak_rss_gib(), 2))
