@@ -160,6 +160,58 @@ def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
   return max(0.0, float(centre - half)), min(1.0, float(centre + half))
 
 
+def formed_at(rows: list[dict], threshold: float) -> int | None:
+  """The step of a run's first evaluation whose validation loss is below `threshold` (None:
+  none is)."""
+  return next((r['step'] for r in rows if r.get('split') == 'val'
+               and r.get('loss') is not None and r['loss'] < threshold), None)
+
+
+def _formed(res: Result, threshold: float) -> bool | None:
+  """Whether the run formed the capability: its final validation loss (the analysis's) is below
+  `threshold` (None: not analysed)."""
+  loss = _from_report('loss')(res)
+  return None if loss is None else loss < threshold
+
+
+def formation_counts(experiment, results: list[Result]) -> dict:
+  """Per group: the analysed runs that ended with validation loss below FORMED_BELOW (`formed`
+  of `runs`, their `seeds`), the rate's 95% Wilson `interval`, each analysed seed's first
+  evaluation below it (`formed_at`, None: none), and Fisher's exact test (two-sided) of the
+  count against the first group's (`fisher_p`; None for the first group)."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  t, out, first = experiment.formed_below, {}, None
+  for group, rs in by_group(experiment, results).items():
+    analysed = [r for r in rs if _formed(r, t) is not None]
+    formed = [r for r in analysed if _formed(r, t)]
+    k, n = len(formed), len(analysed)
+    p = None
+    if first is None:
+      first = (k, n)
+    else:
+      p = float(stats.fisher_exact([[first[0], first[1] - first[0]], [k, n - k]])[1])
+    out[group] = {'formed': k, 'runs': n, 'seeds': [r.run.seed for r in formed],
+                  'interval': list(wilson_interval(k, n)), 'fisher_p': p,
+                  'formed_at': {str(r.run.seed): formed_at(r.rows, t) for r in analysed}}
+  return out
+
+
+def formation(experiment, results: list[Result]) -> str:
+  """Markdown of formation_counts: a row per group."""
+  lines = [f'Formed: final validation loss below {experiment.formed_below:g}; the first '
+           'evaluation below it, by seed (-: none); Fisher\'s exact test (two-sided) of the '
+           'count against the first group\'s:', '',
+           '| run | formed | 95% interval | first evaluation below | Fisher p |',
+           '|---|---|---|---|---|']
+  for group, c in formation_counts(experiment, results).items():
+    steps = ', '.join(f's{seed} {step or "-"}' for seed, step in c['formed_at'].items())
+    p = '-' if c['fisher_p'] is None else format(c['fisher_p'], '.3f')
+    lo, hi = c['interval']
+    lines.append(f'| {group} | {c["formed"]}/{c["runs"]} | [{lo:.2f}, {hi:.2f}] | '
+                 f'{steps or "-"} | {p} |')
+  return '\n'.join(lines)
+
+
 def _copy_share(res: Result):
   d = (res.report or {}).get('data_description') or {}
   return d.get('trigger_fraction')
@@ -471,15 +523,23 @@ def long_context_tables(experiment, results: list[Result]) -> str:
              f'the run trained at {some["train_seq_len"]} tokens; {what}):', '',
              '| ' + ' | '.join(heads) + ' |', '|' + '---|' * len(heads)]
     for group, rs in by_group(experiment, results).items():
-      done = [r.long_context.get(label) for r in rs if r.long_context.get(label)]
-      loss = [_cell([d['loss']['buckets'][i]['loss'] for d in done], '.3f')
-              for i in range(len(buckets))]
-      ruler = [_cell([None if _ruler_mean(d, n) is None else 100 * _ruler_mean(d, n)
-                      for d in done], '.0f' if len(done) > 1 else '.1f', per_seed=True)
-               for n in lengths]  # each seed's, too: retrieval is often all or nothing
-      lines.append('| ' + ' | '.join([group, f'{len(done)}/{len(rs)}'] + loss + ruler) + ' |')
+      lines.append(_long_context_row(group, rs, label, len(buckets), lengths))
+      if experiment.formed_below is not None:  # the comparison the paper makes: formed runs only
+        formed = [r for r in rs if _formed(r, experiment.formed_below)]
+        seeds = ', '.join(f's{r.run.seed}' for r in formed) or 'none'
+        lines.append(_long_context_row(f'{group}, formed ({seeds})', formed, label, len(buckets),
+                                       lengths))
     out.append('\n'.join(lines))
   return '\n\n'.join(out)
+
+
+def _long_context_row(name: str, rs: list[Result], label: str, n_buckets: int, lengths) -> str:
+  done = [r.long_context.get(label) for r in rs if r.long_context.get(label)]
+  loss = [_cell([d['loss']['buckets'][i]['loss'] for d in done], '.3f') for i in range(n_buckets)]
+  ruler = [_cell([None if _ruler_mean(d, n) is None else 100 * _ruler_mean(d, n)
+                  for d in done], '.0f' if len(done) > 1 else '.1f', per_seed=True)
+           for n in lengths]  # each seed's, too: retrieval is often all or nothing
+  return '| ' + ' | '.join([name, f'{len(done)}/{len(rs)}'] + loss + ruler) + ' |'
 
 
 def long_context_figure(experiment, results: list[Result]) -> Figure:
@@ -541,10 +601,14 @@ def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
   for name, fig in figures.items():
     plots.save(fig, storage.join(out_dir, name))
   summary_json = summary(experiment, results)
+  if experiment.formed_below is not None:
+    summary_json['_formed'] = formation_counts(experiment, results)
   if experiment.scaling:
     summary_json['_scaling'] = {'fits': scaling.fits(results), 'gaps': scaling.gaps(results)}
   storage.write(storage.join(out_dir, 'summary.json'), json.dumps(summary_json, indent=1))
   text = f'{header}\n\n{table(experiment, results)}\n'
+  if experiment.formed_below is not None:
+    text += f'\n{formation(experiment, results)}\n'
   if experiment.long_context:
     text += f'\n{long_context_tables(experiment, results)}\n'
   if experiment.scaling:

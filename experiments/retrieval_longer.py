@@ -28,3 +28,4 @@ LONG_CONTEXT = retrieval_table5.LONG_CONTEXT
 LONG_CONTEXT_OVERRIDES = retrieval_table5.LONG_CONTEXT_OVERRIDES
 COLUMNS = retrieval_table5.COLUMNS
 PER_SEED = retrieval_table5.PER_SEED
+FORMED_BELOW = 1.17  # retrieval formed: between guessing (1.30) and retrieving (1.04-1.08)

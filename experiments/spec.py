@@ -19,6 +19,13 @@ An experiment is a Python file under experiments/ with these module-level names:
   TITLE = '...'; DESCRIPTION = '...'             # optional: the heading and text in results.md
   SCALING = True                                 # optional: loss against size and compute,
                                                  # power laws per variant (experiments/scaling.py)
+  FORMED_BELOW = 1.17                            # optional: a run whose final validation loss is
+                                                 # below this has formed the capability the
+                                                 # task tests (e.g. retrieval): the table counts
+                                                 # such runs per group (Wilson interval), each
+                                                 # one's first evaluation below it, Fisher's
+                                                 # exact test against the first group, and the
+                                                 # long-context tables a row over them alone
 
 Long context (optional; Qiu et al. 2025, Table 5):
   EXTEND = 'seq_len=1024,rope_base=1e6,steps=300'  # continue each run at a longer context:
@@ -90,6 +97,7 @@ class Experiment:
   long_context: dict = dataclasses.field(default_factory=dict)
   long_context_overrides: dict = dataclasses.field(default_factory=dict)
   scaling: bool = False
+  formed_below: float | None = None
 
   def analyze_args(self, workdir: str) -> list[str]:
     return ['main.py', '--mode=analyze', f'--workdir={workdir}'] + [
@@ -211,6 +219,15 @@ def _has_field(config: dict, key: str) -> bool:
   return True
 
 
+def _formed_below(path: str, value) -> float | None:
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    raise ExperimentError(f'{path}: FORMED_BELOW must be a positive validation loss (nats a '
+                          f'token), e.g. 1.17; it is {value!r}.')
+  return float(value)
+
+
 def _check_long_context(path: str, m):
   labels = dict(getattr(m, 'LONG_CONTEXT', {}))
   for label, overrides in labels.items():
@@ -314,6 +331,7 @@ def load(path: str, known_columns) -> Experiment:
                     extend=str(getattr(m, 'EXTEND', '')),
                     long_context=_check_long_context(path, m),
                     scaling=bool(getattr(m, 'SCALING', False)),
+                    formed_below=_formed_below(path, getattr(m, 'FORMED_BELOW', None)),
                     long_context_overrides=dict(getattr(m, 'LONG_CONTEXT_OVERRIDES', {})))
 
 

@@ -558,6 +558,82 @@ def test_long_context_tables_name_a_synthetic_retrieval_task(tmp_path):
   assert report.long_context_figure(exp, results) is not None
 
 
+def _fisher_two_sided(a: int, n1: int, c: int, n2: int) -> float:
+  """Fisher's exact test from its definition: the hypergeometric probability of every table with
+  the same margins, summed over those no more likely than the observed one."""
+  from math import comb  # pylint: disable=g-import-not-at-top
+  k, n = a + c, n1 + n2
+  prob = [comb(n1, x) * comb(n2, k - x) / comb(n, k)
+          for x in range(max(0, k - n2), min(k, n1) + 1)]
+  observed = comb(n1, a) * comb(n2, c) / comb(n, k)
+  return float(sum(q for q in prob if q <= observed * (1 + 1e-9)))
+
+
+def test_formation_counted_with_interval_first_step_and_fisher(tmp_path):
+  """Issue 39 (1): FORMED_BELOW counts the runs whose final validation loss is below it, per
+  group, with the rate's Wilson interval, each seed's first evaluation below it, and Fisher's
+  exact test against the first group (here against its definition, on the counts of
+  retrieval_table5: 4/6 against 1/6, p = 0.242); the long-context tables add a row over the
+  formed runs alone."""
+  path = tmp_path / 'formed.py'
+  path.write_text(LONG_CONTEXT_EXPERIMENT.replace(
+      "VARIANTS = ['g1_elementwise']",
+      "VARIANTS = ['baseline', 'g1_elementwise']\nSEEDS = [0, 1, 2, 3, 4, 5]\n"
+      "FORMED_BELOW = 1.17"))
+  exp = spec.load(str(path), report.METRICS)
+  assert exp.formed_below == 1.17
+  rng = np.random.default_rng(0)
+  finals = {'baseline': [1.30, 1.04, 1.05, 1.10, 1.16, 1.29],
+            'g1_elementwise': [1.29, 1.19, 1.21, 1.30, 1.04, 1.28]}
+
+  def rows(final):   # validation every 500 steps, falling to `final` by step 3,000
+    losses = np.maximum(np.linspace(1.9, final, 6) + rng.uniform(0, 0.01, 6), final)
+    return [{'split': 'train', 'step': 10 * i, 'loss': 0.5} for i in range(3)] + [
+        {'split': 'val', 'step': 500 * (i + 1), 'loss': float(v)} for i, v in enumerate(losses)]
+
+  def rep(acc):
+    return {'lengths': [32], 'rope_tag': 'rope1e+06', 'step': 2, 'train_seq_len': 64,
+            'examples_per_cell': 8,
+            'loss': {'buckets': [{'from': 0, 'to': 32, 'loss': 1.0}],
+                     'curve': {'position': [0, 32], 'loss': [1.0, 1.0]}},
+            'ruler': {'mqar': {'32': acc}}, 'retrieval': {'task': 'mqar'}}
+
+  results = []
+  for r in exp.runs:
+    final = finals[r.variant][r.seed]
+    rs = rows(final)
+    results.append(report.Result(r, {'status': 'done'}, {'loss': final}, rs,
+                                 {'rope': rep(0.9 if final < 1.17 else 0.5)}))
+    want = next((x['step'] for x in rs if x['split'] == 'val' and x['loss'] < 1.17), None)
+    assert report.formed_at(rs, 1.17) == want
+  assert report.formed_at([{'split': 'train', 'step': 5, 'loss': 0.1}], 1.17) is None
+  counts = report.formation_counts(exp, results)
+  assert counts['baseline']['formed'] == 4 and counts['baseline']['seeds'] == [1, 2, 3, 4]
+  assert counts['g1_elementwise']['seeds'] == [4] and counts['baseline']['fisher_p'] is None
+  assert counts['g1_elementwise']['fisher_p'] == pytest.approx(_fisher_two_sided(4, 6, 1, 6))
+  assert counts['g1_elementwise']['fisher_p'] == pytest.approx(0.2424, abs=1e-4)
+  assert counts['g1_elementwise']['interval'] == pytest.approx(report.wilson_interval(1, 6))
+  assert counts['baseline']['formed_at']['0'] is None
+  assert counts['baseline']['formed_at']['4'] == 3000  # only its last evaluation is below
+  for a, n1, c, n2 in [(0, 6, 6, 6), (3, 16, 9, 16), (5, 7, 1, 12)]:  # the definition, again
+    groups = {'baseline': [1.0] * a + [1.3] * (n1 - a),
+              'g1_elementwise': [1.0] * c + [1.3] * (n2 - c)}
+    fake = [report.Result(spec.Run(f'{g}_s{i}', g, g, i, ()), {'status': 'done'}, {'loss': v}, [])
+            for g, vs in groups.items() for i, v in enumerate(vs)]
+    assert report.formation_counts(exp, fake)['g1_elementwise']['fisher_p'] == pytest.approx(
+        _fisher_two_sided(a, n1, c, n2))
+  text = report.formation(exp, results)
+  assert '| g1_elementwise | 1/6 | [0.03, 0.56] | s0 -, s1 -, s2 -, s3 -, s4 ' in text
+  tables = report.long_context_tables(exp, results)
+  assert ('| baseline, formed (s1, s2, s3, s4) | 4/4 | 1.000 ± 0.000 | 90 ± 0 (90, 90, 90, 90) |'
+          in tables)
+  assert '| g1_elementwise, formed (s4) | 1/1 | 1.000 | 90.0 |' in tables
+  for bad in ('0', "'1.2'", 'True', '-1.0'):
+    path.write_text(LONG_CONTEXT_EXPERIMENT + f'FORMED_BELOW = {bad}\n')
+    with pytest.raises(spec.ExperimentError, match='FORMED_BELOW must be a positive'):
+      spec.load(str(path), report.METRICS)
+
+
 def test_scaling_fits_against_independent_least_squares():
   """Issue 39 (2): experiments/scaling.py's power law, bootstrap and gap trend against float64
   least squares written out here (np.linalg.lstsq), on random data."""
