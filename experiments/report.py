@@ -544,13 +544,18 @@ def _long_context_row(name: str, rs: list[Result], label: str, n_buckets: int, l
 
 def long_context_figure(experiment, results: list[Result]) -> Figure:
   """Per LONG_CONTEXT label: loss by position (top) and RULER exact match by length (bottom),
-  one line per group, mean ± std over seeds."""
+  one line per group, mean ± std over seeds (with FORMED_BELOW: over the formed runs alone, the
+  comparison the tables' 'formed' rows make)."""
   labels = list(experiment.long_context)
   fig = Figure(figsize=(5 * len(labels), 7), layout='constrained')
   FigureCanvasAgg(fig)
   axes = np.asarray(fig.subplots(2, len(labels), squeeze=False))
+  groups = by_group(experiment, results)
+  if experiment.formed_below is not None:
+    groups = {f'{g}, formed': [r for r in rs if _formed(r, experiment.formed_below)]
+              for g, rs in groups.items()}
   for j, label in enumerate(labels):
-    for i, (group, rs) in enumerate(by_group(experiment, results).items()):
+    for i, (group, rs) in enumerate(groups.items()):
       done = [r.long_context[label] for r in rs if r.long_context.get(label)]
       if not done:
         continue

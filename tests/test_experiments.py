@@ -628,6 +628,9 @@ def test_formation_counted_with_interval_first_step_and_fisher(tmp_path):
   assert ('| baseline, formed (s1, s2, s3, s4) | 4/4 | 1.000 ± 0.000 | 90 ± 0 (90, 90, 90, 90) |'
           in tables)
   assert '| g1_elementwise, formed (s4) | 1/1 | 1.000 | 90.0 |' in tables
+  fig = report.long_context_figure(exp, results)     # the formed runs alone
+  assert [line.get_label() for line in fig.axes[0].lines if not line.get_label().startswith('_')
+          ] == ['baseline, formed (n=4)', 'g1_elementwise, formed (n=1)']
   for bad in ('0', "'1.2'", 'True', '-1.0'):
     path.write_text(LONG_CONTEXT_EXPERIMENT + f'FORMED_BELOW = {bad}\n')
     with pytest.raises(spec.ExperimentError, match='FORMED_BELOW must be a positive'):
