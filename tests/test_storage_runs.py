@@ -216,3 +216,30 @@ def test_a_failed_import_leaves_nothing_and_a_good_one_names_its_workdir(where, 
   assert rundir.checkpoint_steps(workdir) == [0]
   with pytest.raises(CheckpointError, match='already holds a run'):
     interop.import_run(hf, workdir)
+
+
+def test_export_of_a_run_whose_tokenizer_is_on_gcs(gcs, tmp_path):
+  """A run trained with --config.data.tokenizer=gs://.../tokenizer.json (the pipeline reads it
+  there) exports with that tokenizer's files, byte for byte as from a local copy of them."""
+  from gated_attention.runs.hf import convert  # pylint: disable=g-import-not-at-top
+  hf = os.path.join(REPO, 'tests', 'fixtures', 'hf', 'elementwise_tied')
+  config, params = convert.load_hf(hf)
+  tok = tmp_path / 'tok'
+  tok.mkdir()
+  with open(os.path.join(hf, 'tokenizer.json'), 'rb') as f:
+    fixture_tokenizer = f.read()
+  files = {'tokenizer.json': fixture_tokenizer,
+           'special_tokens_map.json': b'{"bos_token": "<|endoftext|>"}\n'}
+  for name, data in files.items():
+    (tok / name).write_bytes(data)
+    storage.write(gcs.url(f'tok/{name}'), data)
+  exports = {}
+  for where, path in (('local', str(tok / 'tokenizer.json')),
+                      ('gcs', gcs.url('tok/tokenizer.json'))):
+    config.data.tokenizer = path
+    out = tmp_path / f'hf_{where}'
+    convert.save_hf(config, params, str(out))
+    exports[where] = {p.name: p.read_bytes() for p in out.iterdir()}
+  assert exports['gcs'] == exports['local']
+  for name, data in files.items():
+    assert exports['gcs'][name] == data

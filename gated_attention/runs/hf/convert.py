@@ -14,6 +14,7 @@ import tempfile
 
 import numpy as np
 
+from gated_attention import storage
 from gated_attention.runs.hf import hf_config, layout, safetensors_io
 from gated_attention.runs.hf.errors import HFExportError, HFFormatError
 
@@ -106,16 +107,16 @@ def _tokenizer_files(config, tokenizer_dir: str | None) -> list[tuple[str, str]]
     path = str(config.data.tokenizer)
     if not path.endswith('.json'):
       return []                    # byte (written by save_hf) / sentencepiece / synthetic
-    if not os.path.isfile(path):
+    if not storage.isfile(path):   # a run may read its tokenizer from object storage
       raise HFExportError(f'config.data.tokenizer={path!r} does not exist; pass tokenizer_dir= '
                           'the directory of the run\'s tokenizer.json.')
-    tokenizer_dir = os.path.dirname(os.path.abspath(path))
+    tokenizer_dir = storage.dirname(storage.abspath(path))
   else:
-    path = os.path.join(tokenizer_dir, 'tokenizer.json')
-    if not os.path.isfile(path):
+    path = storage.join(tokenizer_dir, 'tokenizer.json')
+    if not storage.isfile(path):
       raise HFExportError(f'tokenizer_dir={tokenizer_dir!r} has no tokenizer.json.')
-  others = [(os.path.join(tokenizer_dir, f), f) for f in TOKENIZER_FILES[1:]]
-  return [(path, 'tokenizer.json')] + [(p, f) for p, f in others if os.path.isfile(p)]
+  others = [(storage.join(tokenizer_dir, f), f) for f in TOKENIZER_FILES[1:]]
+  return [(path, 'tokenizer.json')] + [(p, f) for p, f in others if storage.isfile(p)]
 
 
 def _check_out_dir(out_dir: str):
@@ -129,7 +130,6 @@ def check_out_dir(out_dir: str):
   (read-only, full, no permission), before any work. A symlink counts as the folder it names."""
   out_dir = os.path.realpath(out_dir)
   _check_out_dir(out_dir)
-  from gated_attention import storage  # pylint: disable=g-import-not-at-top
   try:
     storage.check_writable(os.path.dirname(out_dir), 'the export',
                            'Pass an --out on a writable disk with room for the weights.')
@@ -244,7 +244,11 @@ def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
     _write_json(os.path.join(tmp, 'generation_config.json'),
                 hf_config.generation_config(config, cfg))
     for src, name in tokenizer + code:
-      shutil.copyfile(src, os.path.join(tmp, name))
+      if storage.is_remote(src):
+        with open(os.path.join(tmp, name), 'wb') as f:
+          f.write(storage.read_bytes(src))
+      else:
+        shutil.copyfile(src, os.path.join(tmp, name))
     tok_cfg = None if bos is None or byte_tokenizer else _tokenizer_config(tmp, bos[0])
     if tok_cfg is not None:
       _write_json(os.path.join(tmp, 'tokenizer_config.json'), tok_cfg)
