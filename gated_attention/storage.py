@@ -334,6 +334,20 @@ def upload_tree(local_dir: str, remote: str):
         fs.put_file(path, posixpath.join(r, os.path.relpath(path, local_dir).replace(os.sep, '/')))
 
 
+def download_tree(remote: str, local_dir: str):
+  """Copies every object under `remote` to the same place under the local folder `local_dir`
+  (streamed to disk, not read whole into memory)."""
+  fs, r = filesystem(remote)
+  with _errors(remote, 'download'):
+    found = fs.find(r)
+    if not found:
+      raise FileNotFoundError(f'{remote} holds no files.')
+    for f in found:
+      dst = os.path.join(local_dir, *f[len(r):].strip('/').split('/'))
+      os.makedirs(os.path.dirname(dst), exist_ok=True)
+      fs.get_file(f, dst)
+
+
 def _sizes(path: str) -> dict[str, int]:
   fs, p = filesystem(path)
   return {f[len(p):]: int(i['size']) for f, i in fs.find(p, detail=True).items()}

@@ -243,3 +243,30 @@ def test_export_of_a_run_whose_tokenizer_is_on_gcs(gcs, tmp_path):
   assert exports['gcs'] == exports['local']
   for name, data in files.items():
     assert exports['gcs'][name] == data
+
+
+def test_import_from_a_model_directory_on_gcs(env, gcs, tmp_path):
+  """--mode=import --hf=gs://...: the directory is downloaded, imported and the download deleted;
+  the run holds the same parameters as an import of the local directory, and its tokenizer is
+  the one on gs:// (the copy it was read from is gone). A prefix with no files is one line."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  hf = os.path.join(REPO, 'tests', 'fixtures', 'hf', 'elementwise_tied')
+  storage.upload_tree(hf, gcs.url('models/et'))
+  workdir = gcs.url('runs/et')
+  done = run_main([sys.executable, 'main.py', '--mode=import', f'--hf={gcs.url("models/et")}',
+                   f'--workdir={workdir}'], env)
+  assert done.returncode == 0, done.stderr[-2000:]
+  summary = json.loads(done.stdout[:done.stdout.rindex('}') + 1])
+  assert summary['source'] == gcs.url('models/et') and summary['workdir'] == workdir
+  assert rundir.read_config(workdir).data.tokenizer == gcs.url('models/et/tokenizer.json')
+  interop.import_run(hf, str(tmp_path / 'local'))
+  remote, local = rundir.load_run(workdir), rundir.load_run(str(tmp_path / 'local'))
+  assert remote.step == local.step == 0
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(remote.params),
+               jax.device_get(local.params))
+  empty = run_main([sys.executable, 'main.py', '--mode=import', f'--hf={gcs.url("models/none")}',
+                    f'--workdir={gcs.url("runs/none")}'], env)
+  assert empty.returncode != 0 and 'holds no files' in empty.stderr
+  assert storage.listdir(gcs.url('runs/none')) == []

@@ -41,7 +41,7 @@ FLAGS = {f.name: f for f in (
          'analyze\'s report for a run that is read-only (default RUN/analysis).'),
     Flag('step', 'integer', None, 'which checkpoint of the run to open (default: the latest).'),
     Flag('topology', 'string', None, 'a TPU topology name, e.g. v5p:4x4x4.'),
-    Flag('hf', 'string', None, 'a local Hugging Face model directory.'),
+    Flag('hf', 'string', None, 'a Hugging Face model directory (local or gs://).'),
     Flag('export_dtype', 'enum', 'float32', 'the dtype of the written weights.',
          enum_values=('float32', 'bfloat16')),
     Flag('max_shard_size', 'string', '5GB', 'the largest safetensors file, as in transformers\' '

@@ -2,18 +2,25 @@
 
   python main.py --mode=import --hf=/data/1B_gate_headwise --workdir=runs/hf_headwise
   python main.py --mode=import --hf=out/g1_hf --workdir=runs/g1_back --config.data.tokenizer=byte
+  python main.py --mode=import --hf=gs://bucket/models/1B_gate_headwise --workdir=gs://bucket/runs/hw
 """
 
 import json
+import shutil
 import sys
+import tempfile
 
+from gated_attention import storage
 from gated_attention.runs.hf import interop
 
 
 def main(args):
   if not args.hf:
-    sys.exit('--mode=import needs --hf=DIR, a local Hugging Face model directory.')
-  summary = interop.import_run(args.hf, args.workdir, overrides=args.overrides)
+    sys.exit('--mode=import needs --hf=DIR, a Hugging Face model directory.')
+  if storage.is_remote(args.hf):
+    summary = _import_remote(args)
+  else:
+    summary = interop.import_run(args.hf, args.workdir, overrides=args.overrides)
   print(json.dumps(summary, indent=1))
   if summary['tokenizer']:
     print(f'Tokenizer: {summary["tokenizer"]} (data.tokenizer of the run).')
@@ -21,3 +28,25 @@ def main(args):
     print(f'Note: {args.hf} has no tokenizer.json, so the run records no tokenizer: name the one '
           'the model was trained with when you use it (--config.data.tokenizer=byte, or a '
           'tokenizer.json / .model path), or import again with --config.data.tokenizer=...')
+
+
+def _import_remote(args) -> dict:
+  """--hf on object storage: the directory is downloaded into a local temporary folder (the
+  safetensors are read by seeking), imported from there, then deleted. The run's tokenizer is
+  the one on object storage (the input pipeline reads it there), not the deleted copy."""
+  storage.check_reachable(args.hf, write=False)
+  overrides = dict(args.overrides)
+  tokenizer = storage.join(args.hf, 'tokenizer.json')
+  if 'data.tokenizer' not in overrides and storage.isfile(tokenizer):
+    overrides['data.tokenizer'] = tokenizer
+  local = tempfile.mkdtemp(prefix='gated_attention_import_')
+  try:
+    try:
+      storage.download_tree(args.hf, local)
+    except FileNotFoundError:
+      sys.exit(f'--hf={args.hf} holds no files: pass a Hugging Face model directory (one with '
+               'config.json and *.safetensors).')
+    summary = interop.import_run(local, args.workdir, overrides=overrides)
+  finally:
+    shutil.rmtree(local, ignore_errors=True)
+  return summary | {'source': args.hf}
