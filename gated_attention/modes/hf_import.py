@@ -2,7 +2,7 @@
 
   python main.py --mode=import --hf=/data/1B_gate_headwise --workdir=runs/hf_headwise
   python main.py --mode=import --hf=out/g1_hf --workdir=runs/g1_back --config.data.tokenizer=byte
-  python main.py --mode=import --hf=gs://bucket/models/1B_gate_headwise --workdir=gs://bucket/runs/hw
+  python main.py --mode=import --hf=gs://b/models/1B_gate_headwise --workdir=gs://b/runs/hw
 """
 
 import json

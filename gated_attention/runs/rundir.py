@@ -200,8 +200,8 @@ def check_workdir(workdir: str):
   # The run's own names taken by the wrong kind of entry (issue 37: a file `checkpoints` made
   # the run start over from step 0 and then time out in orbax).
   from gated_attention.runs import checkpoint  # pylint: disable=g-import-not-at-top
-  for name, want_dir in ((checkpoint.CHECKPOINTS_DIR, True), (METRICS_FILE, False), (LOCK_FILE, False),
-                         (CONFIG_FILE, False)):
+  for name, want_dir in ((checkpoint.CHECKPOINTS_DIR, True), (METRICS_FILE, False),
+                         (LOCK_FILE, False), (CONFIG_FILE, False)):
     path = os.path.join(workdir, name)
     if os.path.lexists(path) and os.path.isdir(path) != want_dir:
       what = 'a folder' if want_dir else 'a file'

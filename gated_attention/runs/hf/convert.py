@@ -243,12 +243,9 @@ def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
     _write_json(os.path.join(tmp, 'config.json'), cfg)
     _write_json(os.path.join(tmp, 'generation_config.json'),
                 hf_config.generation_config(config, cfg))
-    for src, name in tokenizer + code:
-      if storage.is_remote(src):
-        with open(os.path.join(tmp, name), 'wb') as f:
-          f.write(storage.read_bytes(src))
-      else:
-        shutil.copyfile(src, os.path.join(tmp, name))
+    for src, name in tokenizer + code:   # small files, local or on object storage
+      with open(os.path.join(tmp, name), 'wb') as f:
+        f.write(storage.read_bytes(src))
     tok_cfg = None if bos is None or byte_tokenizer else _tokenizer_config(tmp, bos[0])
     if tok_cfg is not None:
       _write_json(os.path.join(tmp, 'tokenizer_config.json'), tok_cfg)
