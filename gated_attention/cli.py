@@ -258,7 +258,15 @@ def dispatch(args: modes.Args, *, keep_logs_on_console: bool = False):
     first = (next(iter(rundir.seed_workdirs(args.workdir, seeds).values())) if seeds
              else args.workdir)    # several seeds: the libraries' logs go to the first's logs/
     _libraries_log_to(_join(first, rundir.LOGS_DIR))
-  module.main(args)
+  try:
+    module.main(args)
+  except Exception as e:
+    if mode.distributed:   # a lost process: its paragraph (liveness.py) rather than this error
+      from gated_attention import liveness  # pylint: disable=g-import-not-at-top
+      liveness.await_verdict(e)
+    raise
+  if mode.distributed:
+    distributed.finish()   # a multi-process run: the others stop watching this one's heartbeat
 
 
 def _join(workdir: str, name: str) -> str:

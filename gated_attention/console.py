@@ -39,11 +39,21 @@ def _pump(read_fd: int, write_fd: int):
       os.write(write_fd, b''.join(held))
 
 
+_originals = []   # the stderr each open without_event_loop_noise() replaced, outermost first
+
+
+def write_before_exit(text: str):
+  """`text` on the real stderr, at once: for a message written just before os._exit, which
+  ends the filter's thread before it forwards what is in its pipe."""
+  os.write(_originals[0] if _originals else 2, text.encode())
+
+
 @contextlib.contextmanager
 def without_event_loop_noise():
   """Within the block, stderr (fd 2) goes through the filter."""
   sys.stderr.flush()
   original = os.dup(2)
+  _originals.append(original)
   read_fd, write_fd = os.pipe()
   os.dup2(write_fd, 2)
   os.close(write_fd)
@@ -55,4 +65,5 @@ def without_event_loop_noise():
     sys.stderr.flush()
     os.dup2(original, 2)      # closes the pipe's last write end: the pump sees EOF
     thread.join(timeout=5)
+    _originals.remove(original)
     os.close(original)

@@ -11,6 +11,10 @@ happens in a multi-process run, and where:
   - logs: only process 0 writes metrics and prints (loop.MetricsWriter, loop.Progress);
   - checkpoints: orbax writes every process's shards of the arrays, process 0 the metadata, with
     barriers between them; each process saves its own data-iterator state.
+  - a stop signal (SIGTERM, Ctrl-C) reaching any process stops every process after the same step
+    (training/interrupt.py), and they all save;
+  - a lost process (its heartbeat missed for distributed.heartbeat_timeout seconds) stops the
+    others with one paragraph and exit status 75 (liveness.py) instead of a hang in a collective.
 
 Sources, first match wins:
   1. config.distributed.coordinator_address (+ num_processes and process_id);
@@ -24,8 +28,12 @@ import logging
 import os
 
 import jax
+from jax._src import distributed as jax_distributed_impl
 
+from gated_attention import liveness
 from gated_attention.errors import ConfigError
+
+DEFAULT_HEARTBEAT_TIMEOUT = 100   # seconds (JAX's default)
 
 def _int_env(name: str) -> int | None:
   value = os.environ.get(name, '')
@@ -83,12 +91,30 @@ def initialize(dist_cfg) -> bool:
   ids = str(dist_cfg.get('local_device_ids', '') or '').strip()
   if ids:
     kwargs['local_device_ids'] = [int(x) for x in ids.split(',')]
-  timeout = int(dist_cfg.get('initialization_timeout', 0) or 0)
-  if timeout > 0:
-    kwargs['initialization_timeout'] = timeout
+  timeouts = {name: int(dist_cfg.get(name, 0) or 0) for name in
+              ('initialization_timeout', 'heartbeat_timeout', 'shutdown_timeout')}
+  for name, seconds in timeouts.items():
+    if seconds < 0:
+      raise ConfigError(f'config.distributed.{name}={seconds} must be a positive number of '
+                        'seconds (0: the default).')
+  if timeouts['initialization_timeout']:
+    kwargs['initialization_timeout'] = timeouts['initialization_timeout']
+  if timeouts['shutdown_timeout']:
+    kwargs['shutdown_timeout_seconds'] = timeouts['shutdown_timeout']
+  heartbeat = timeouts['heartbeat_timeout'] or DEFAULT_HEARTBEAT_TIMEOUT
+  # JAX's own detection (it aborts with a dump of every thread) is the backstop, well after ours.
+  kwargs['heartbeat_timeout_seconds'] = 2 * heartbeat + 10
   _use_gloo_for_cpu()
   jax.distributed.initialize(**kwargs)
   logging.info('jax.distributed: process %d of %d, %d local / %d global devices.',
                jax.process_index(), jax.process_count(), jax.local_device_count(),
                jax.device_count())
+  if jax.process_count() > 1:
+    liveness.start(jax_distributed_impl.global_state.client, heartbeat)
   return jax.process_count() > 1
+
+
+def finish():
+  """This process ended its work normally: the others stop watching its heartbeat (a process
+  that exits with an error is not finished, and the others stop once its heartbeat is missed)."""
+  liveness.finish()

@@ -1,21 +1,31 @@
 """`build_data`: documents -> tokens -> packed windows -> shuffled batches, with grain.
 
-Train stream of process p of P, epoch e (repeats forever):
-  documents: train ids, permuted by (seed, e) over all processes, then every P-th from p;
+Train stream, epoch e (repeats forever):
+  documents: train ids, permuted by (seed, e);
   each document -> [BOS] + tokens; concatenated and cut into windows of seq_len + 1 tokens;
-  windows shuffled in blocks of data.shuffle_buffer; batched into [B/P, seq_len + 1];
+  windows shuffled in blocks of data.shuffle_buffer; batched into [B, seq_len + 1];
   inputs = window[:, :-1], targets = window[:, 1:].
+The global batches are a function of the config and the step alone, never of the number of
+processes or devices: every process reads the same stream and the step puts each device's rows
+of it on that device (train.Setup.global_batch(..., whole=True)). A run saved by N processes
+resumes on M, and its iterator state is one for all (checkpoint.py saves it once).
+
+Runs saved before that (issue 45) by P > 1 processes had one stream per process: the documents'
+every P-th from p, packed, shuffled and batched into [B/P, seq_len + 1] by process p.
+`per_process_stream=True` builds that stream, so such a run resumes with its own process count.
+
 Validation: the held-out documents in index order, cycled so no batch is padded, packed into
 global batches; process p keeps rows [p*B/P, (p+1)*B/P), so every process count sees the same set.
 
 Training mixture (data.mix_ratio > 0; not for synthetic sources): before packing, the train
-documents of process p are mixed, document by document (grain.MapDataset.mix: evenly interleaved),
-with an unbounded stream of RULER-style task documents (input_pipeline/ruler.py), prompt + target
+documents are mixed, document by document (grain.MapDataset.mix: evenly interleaved), with an
+unbounded stream of RULER-style task documents (input_pipeline/ruler.py), prompt + target
 of data.mix_tokens tokens (default seq_len / 2, so about half of them fall whole into one training
 window), whose haystack is train documents only. mix_ratio is the task documents' share of the
 training TOKENS: the document share that gives it follows from the mean length of a sample of
-train documents. Task document i of the run is generated from (seed, i) and process p reads
-i = p, p + P, p + 2P, ... The iterator state (the mixed stream's next index) checkpoints both.
+train documents. Task document i of the run is generated from (seed, i) (a per-process stream p
+of P reads i = p, p + P, p + 2P, ...). The iterator state (the mixed stream's next index)
+checkpoints both.
 
 data.source='tokenized' (input_pipeline/tokenized.py, written by --mode=tokenize) reads the token
 ids of the source's documents from ArrayRecord shards, in the source's document index space: the
@@ -23,9 +33,9 @@ same split, order, packing, shares and iterator state as training from the sourc
 tokenizer work.
 
 data.source='synthetic' (input_pipeline/synthetic.py) replaces the documents by an unbounded index
-space of generated ones: process p reads train documents p, p + P, p + 2P, ... of the run's seed
-(i.i.d., so neither the documents nor the windows are shuffled), and validation reads the task's
-own validation stream; grain's iterator state (the next index) checkpoints it.
+space of generated ones, train document i from (seed, i) (a per-process stream p of P reads
+p, p + P, ...; i.i.d., so neither the documents nor the windows are shuffled), and validation
+reads the task's own validation stream; grain's iterator state (the next index) checkpoints it.
 """
 
 import dataclasses
@@ -100,6 +110,10 @@ class Data:
     self._cfg, self._docs, self._train_ids, self._val_ids = cfg, docs, train_ids, val_ids
     self._global_batch_size, self._process = global_batch_size, (process_index, process_count)
     self._val, self._description, self.mixture = None, None, mixture
+
+  def set_process(self, process_index: int, process_count: int):
+    """Whose rows of the validation batches val_batches() returns."""
+    self._process, self._val = (process_index, process_count), None
 
   def train_documents(self) -> Documents:
     """The training split: the haystack of the training mixture's task documents."""
@@ -304,8 +318,14 @@ def data_tokenizer(data_cfg) -> Tokenizer:
 
 
 def build_data(data_cfg, *, global_batch_size: int, seed: int, process_index: int = 0,
-               process_count: int = 1) -> Data:
-  """Reads, splits and checks the data of `data_cfg` (the run config's `data` section, gated_attention/config/schema.py).
+               process_count: int = 1, per_process_stream: bool = False) -> Data:
+  """Reads, splits and checks the data of `data_cfg` (the run config's `data` section,
+  gated_attention/config/schema.py).
+
+  `train_iter` yields whole global batches [global_batch_size, ...], the same in every process;
+  with `per_process_stream` (runs saved by several processes before issue 45) this process's
+  own stream of [global_batch_size / process_count, ...] batches. `val_batches()` are this
+  process's rows of the global validation batches either way.
 
   Everything that can be checked before training is: a bad source, path, tokenizer or batch
   size raises DataError (a ValueError) whose message names the setting and the fix.
@@ -315,6 +335,16 @@ def build_data(data_cfg, *, global_batch_size: int, seed: int, process_index: in
   if global_batch_size < 1 or global_batch_size % process_count:
     raise DataError(f'The global batch size {global_batch_size} must be a positive multiple of the '
                     f'process count {process_count}; change --config.train.batch_size.')
+  data = _build(data_cfg, global_batch_size, seed,
+                *((process_index, process_count) if per_process_stream else (0, 1)))
+  data.set_process(process_index, process_count)
+  return data
+
+
+def _build(data_cfg, global_batch_size: int, seed: int, process_index: int,
+           process_count: int) -> Data:
+  """build_data's work for the train stream of `process_index` of `process_count` (0 of 1: the
+  global one)."""
   if data_cfg.seq_len < 1 or data_cfg.val_batches < 0 or data_cfg.shuffle_buffer < 0:
     raise DataError('data.seq_len must be >= 1, data.val_batches and data.shuffle_buffer >= 0 '
                     f'(got {data_cfg.seq_len}, {data_cfg.val_batches}, {data_cfg.shuffle_buffer}).')

@@ -5,12 +5,14 @@
   python tests/multihost_worker.py reference OUT WORKDIR DEVICES
 
 steps:     jax.distributed over localhost (gloo CPU collectives), train.Setup on the mesh of every
-           process's devices, this process's data shard (build_data with process_index/count),
-           a few train steps; writes this process's losses and what it saw of the mesh.
+           process's devices, this process's own data stream (build_data with process_index/count
+           and per_process_stream: runs saved before issue 45), a few train steps; writes this
+           process's losses and what it saw of the mesh.
 loop:      the same through loop.run (metrics written by process 0 only, orbax checkpoints
            coordinated across processes, evaluation), then a resumed run of one more step.
-reference: one process with all the devices; the global batch is the two processes' shards
-           concatenated (what make_array_from_process_local_data assembles); writes the losses.
+reference: one process with all the devices, the global stream (what `loop` reads in each process);
+           and the per-process streams of runs saved before issue 45 concatenated (what `steps`
+           assembles with make_array_from_process_local_data); writes both losses.
 """
 
 import json
@@ -55,22 +57,31 @@ def mesh_layout(mesh):
   return np.vectorize(lambda d: d.process_index)(mesh.devices).tolist()
 
 
-def steps_mode(c, process_index, process_count, n_steps=STEPS, after_step=None):
+def steps_mode(c, process_index, process_count, n_steps=STEPS, after_step=None,
+               per_process=True, setup=None):
+  """`per_process`: the streams of runs saved before issue 45 (each process its own; one
+  process stands in for both by concatenating them); else the global stream, which every
+  process reads whole and the step shards."""
   from gated_attention import input_pipeline  # pylint: disable=g-import-not-at-top
   from gated_attention import sharding  # pylint: disable=g-import-not-at-top
   from gated_attention.training import train
-  mesh = sharding.build_mesh(c.mesh)
-  setup = train.Setup(c, mesh)
+  setup = setup or train.Setup(c, sharding.build_mesh(c.mesh))
+  mesh = setup.mesh
   params, opt = setup.init(c.seed)
-  shards = [input_pipeline.build_data(c.data, global_batch_size=c.train.batch_size, seed=c.seed,
-                                      process_index=p, process_count=PROCESSES)
-            for p in ([process_index] if process_count > 1 else range(PROCESSES))]
+  build = lambda p, n: input_pipeline.build_data(  # noqa: E731
+      c.data, global_batch_size=c.train.batch_size, seed=c.seed, process_index=p,
+      process_count=n, per_process_stream=per_process)
+  if per_process:
+    shards = [build(p, PROCESSES)
+              for p in ([process_index] if process_count > 1 else range(PROCESSES))]
+  else:
+    shards = [build(process_index, process_count)]
   losses, extra = [], {}
   with jax.set_mesh(mesh):
     for step in range(1, n_steps + 1):
       local = [next(d.train_iter) for d in shards]
       local = {k: np.concatenate([b[k] for b in local]) for k in local[0]}
-      batch = setup.global_batch(local)
+      batch = setup.global_batch(local, whole=not per_process)
       params, opt, metrics = setup.train_step(params, opt, batch, 1.0)
       losses.append(float(metrics['loss']))
       if after_step is not None:
@@ -99,8 +110,13 @@ def main():
   from gated_attention import distributed  # pylint: disable=g-import-not-at-top
   out = {}
   if MODE == 'reference':
+    from gated_attention import sharding  # pylint: disable=g-import-not-at-top
+    from gated_attention.training import train  # pylint: disable=g-import-not-at-top
     c = config()
-    out.update(steps_mode(c, 0, 1, STEPS + 1, reference_val(c)))
+    setup = train.Setup(c, sharding.build_mesh(c.mesh))   # one compiled step for both
+    out.update(steps_mode(c, 0, 1, STEPS + 1, reference_val(c), per_process=False, setup=setup))
+    legacy = steps_mode(c, 0, 1, STEPS, per_process=True, setup=setup)
+    out['losses_per_process_streams'] = legacy['losses']
   else:
     port, n, i = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
     c = config(port, n, i)

@@ -246,11 +246,29 @@ def test_resume_from_state(corpus, skip):
   assert_batches_equal(expected[:5], take(data.train_iter, 5))
 
 
-def test_process_shards_are_disjoint(corpus):
+def test_the_global_stream_is_the_same_for_every_process_count(corpus):
+  """Issue 45: the batches are a function of the config and the step alone. Every process of
+  every process count reads the same whole global batches (the step shards them), and a
+  position saved by one process count resumes in another."""
+  cfg = corpus_cfg(corpus, shuffle_buffer=8)
+  one = take(build_data(cfg, global_batch_size=4, seed=3).train_iter, 12)
+  for count in (2, 4):
+    for p in range(count):
+      data = build_data(cfg, global_batch_size=4, seed=3, process_index=p, process_count=count)
+      got = take(data.train_iter, 5)
+      assert_batches_equal(one[:5], got)
+      if p == count - 1:   # resume 5 steps in, saved by `count` processes, on 1
+        resumed = build_data(cfg, global_batch_size=4, seed=3)
+        resumed.train_iter.set_state(json.loads(json.dumps(data.train_iter.get_state())))
+        assert_batches_equal(one[5:], take(resumed.train_iter, 7))
+
+
+def test_per_process_streams_are_disjoint(corpus):
+  """The streams of runs saved by several processes before issue 45 (per_process_stream)."""
   shards = []
   for p in range(3):
     data = build_data(corpus_cfg(corpus), global_batch_size=6, seed=0, process_index=p,
-                      process_count=3)
+                      process_count=3, per_process_stream=True)
     batches = take(data.train_iter, 40)
     assert all(b['inputs'].shape == (2, 16) for b in batches)
     n_train = data.describe()['num_documents']['train']

@@ -1,6 +1,8 @@
 """Two processes on localhost (4 CPU devices each, gloo collectives, jax.distributed) train through
-loop.run and report the same losses as one process with 8 devices; only process 0 writes logs;
-the checkpoint is written by both and a resumed run continues exactly.
+loop.run and report the same losses as one process with 8 devices (the same global stream);
+only process 0 writes logs; the checkpoint is written by both and a resumed run continues
+exactly. The pod's events (signals, lost processes, other slice sizes) are
+tests/test_multihost_faults.py's.
 
 Each process is tests/multihost_worker.py, started with its own XLA_FLAGS; the coordinator binds
 127.0.0.1 on a free port; every wait is bounded.
@@ -108,9 +110,9 @@ def test_only_process_zero_writes_logs_and_checkpoints_are_coordinated(loop_run)
   assert 'resuming at step 3' in log0
   ckpt = workdir / 'checkpoints'
   assert sorted(os.listdir(ckpt)) == [str(STEPS), str(STEPS + 1)]
-  # Each process saved its own data-iterator state; both wrote array shards.
+  # One data position for every process (issue 45: the global stream); both wrote array shards.
   data = sorted(os.listdir(ckpt / str(STEPS) / 'data'))
-  assert 'process_0-of-2.json' in data and 'process_1-of-2.json' in data
+  assert 'position.json' in data and not [n for n in data if n.startswith('process_')]
   state = os.listdir(ckpt / str(STEPS) / 'state')
   assert 'ocdbt.process_0' in state and 'ocdbt.process_1' in state
 
@@ -120,7 +122,7 @@ def test_setup_path_shards_over_both_processes(tmp_path):
   """train.Setup + build_data directly: the mesh's data axis is the process (DCN split), the
   parameters span both processes, each process feeds half of the global batch."""
   _, (p0, p1, ref), _ = _run(tmp_path, 'steps')
-  assert p0['losses'] == pytest.approx(ref['losses'][:STEPS], rel=1e-5)
+  assert p0['losses'] == pytest.approx(ref['losses_per_process_streams'], rel=1e-5)
   assert p1['losses'] == p0['losses']
   layout = p0['mesh_process_layout']   # (data, fsdp, tensor, expert) -> process index
   assert {x for row in layout[0] for y in row for x in y} == {0}
@@ -156,6 +158,6 @@ def test_two_processes_write_one_run_on_object_storage(loop_run, gcs, tmp_path):
   ckpt = storage.join(workdir, 'checkpoints')
   assert storage.listdir(ckpt) == [str(STEPS), str(STEPS + 1)]
   data = storage.listdir(storage.join(ckpt, str(STEPS), 'data'))
-  assert 'process_0-of-2.json' in data and 'process_1-of-2.json' in data
+  assert 'position.json' in data and not [n for n in data if n.startswith('process_')]
   state = storage.listdir(storage.join(ckpt, str(STEPS), 'state'))
   assert 'ocdbt.process_0' in state and 'ocdbt.process_1' in state

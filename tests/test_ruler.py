@@ -302,7 +302,8 @@ def test_mixture_processes_and_seeds(corpus):
                    mix_tokens=200, shuffle_buffer=0)
   per_process = []
   for p in range(2):
-    data = build_data(cfg, global_batch_size=4, seed=SEED, process_index=p, process_count=2)
+    data = build_data(cfg, global_batch_size=4, seed=SEED, process_index=p, process_count=2,
+                      per_process_stream=True)   # runs saved before issue 45
     docs = stream_documents(take(data.train_iter, 80), data.tokenizer)
     per_process.append({d for d in docs if TASK_DOC.search(d)})
   assert all(len(s) > 10 for s in per_process) and not per_process[0] & per_process[1]

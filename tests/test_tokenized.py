@@ -163,8 +163,11 @@ def _alive(pid: int) -> bool:
 
 
 def _batches(cfg, n=4, process_index=0, process_count=1):
+  """Per-process streams (runs saved before issue 45) where process_count > 1: the global
+  stream ignores the process count (test_input_pipeline.py)."""
   data = input_pipeline.build_data(cfg, global_batch_size=4, seed=3,
-                                   process_index=process_index, process_count=process_count)
+                                   process_index=process_index, process_count=process_count,
+                                   per_process_stream=process_count > 1)
   return [next(data.train_iter) for _ in range(n)], data.val_batches(), data
 
 
@@ -180,7 +183,7 @@ def test_the_same_batches_as_from_the_source(corpus, shards, process_index, proc
 
 @pytest.mark.parametrize('process_count', [2, 3])
 def test_each_process_reads_its_share(corpus, shards, process_count):
-  """Read back from the batches (no window shuffle: the windows are the process's token stream):
+  """Per-process streams (runs saved before issue 45). Read back from the batches (no window shuffle: the windows are the process's token stream):
   in each of two epochs the processes' documents are disjoint and together the training split."""
   cfg = _cfg(corpus, source='tokenized', path=shards, seq_len=128, shuffle_buffer=0)
   by_name = {text.split(' ', 1)[0]: i for i, text in enumerate(load_documents(_cfg(corpus)))}
@@ -188,7 +191,8 @@ def test_each_process_reads_its_share(corpus, shards, process_count):
   epochs = [[] for _ in range(2)]
   for p in range(process_count):
     data = input_pipeline.build_data(cfg, global_batch_size=process_count, seed=3,
-                                     process_index=p, process_count=process_count)
+                                     process_index=p, process_count=process_count,
+                                     per_process_stream=True)
     share, stream, ids = len(train_ids[p::process_count]), [], []
     while len(ids) <= 2 * share:        # the complete documents of the stream, in order
       stream += windows([next(data.train_iter)])

@@ -124,6 +124,9 @@ class Train:
   inspect_batch_size: int = 8   # sequences for the F-Attn / M-Act / gate metrics at each eval
   checkpoint_every: int = 200
   keep_checkpoints: int = 3     # the latest ones; the best by the running loss is kept besides
+  stop_timeout: int = 300       # seconds from a stop signal (SIGTERM, Ctrl-C) after which a
+                                # process that has not stopped exits anyway (a peer or the
+                                # storage that does not answer; training/interrupt.py)
   init_from: str = ''           # a run directory: start from its latest parameters (fresh
                                 # optimizer and data), e.g. to fine-tune on other data
   # Stability (gated_attention/training/stability.py): non-finite steps are skipped (parameters
@@ -183,6 +186,9 @@ class Distributed:
   process_id: int = -1
   local_device_ids: str = ''    # comma-separated local device ids of this process ('' = all)
   initialization_timeout: int = 300  # seconds to wait for every process to join
+  heartbeat_timeout: int = 100  # seconds without a heartbeat after which a process counts as
+                                # lost: the others print what happened and exit (distributed.py)
+  shutdown_timeout: int = 300   # seconds the processes wait for each other at the end of a run
 
 
 @dataclasses.dataclass(frozen=True)

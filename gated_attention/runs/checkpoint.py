@@ -29,7 +29,9 @@ parameters alone and starts a fresh optimizer and data iterator.
 
 import contextlib
 import dataclasses
+import json
 import os
+import re
 import shutil
 
 from absl import logging as absl_logging
@@ -43,6 +45,9 @@ from gated_attention import storage
 from gated_attention.errors import CheckpointError
 
 CHECKPOINTS_DIR = 'checkpoints'   # in the run directory (rundir.py lists its files)
+POSITION = 'position.json'        # <step>/data/: the data iterator's state, one for all processes
+_SET_ASIDE = re.compile(r'\d+\.unusable\d*')
+_PER_PROCESS = re.compile(r'process_(\d+)-of-(\d+)\.json')   # <step>/data/ before issue 45
 
 
 @contextlib.contextmanager
@@ -93,6 +98,10 @@ def _dir_bytes(path: str) -> int:
   return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
+class PositionMismatch(CheckpointError):
+  """An intact checkpoint whose data position does not fit this run's data pipeline."""
+
+
 @dataclasses.dataclass
 class Restored:
   step: int
@@ -123,6 +132,13 @@ def _settings(shapes: dict) -> dict:
   return out
 
 
+def per_process_count(names: list[str]) -> int | None:
+  """The process count N of the per-process data positions (process_<i>-of-<N>.json) among a
+  checkpoint's data files, or None where there are none."""
+  counts = {int(m.group(2)) for m in map(_PER_PROCESS.fullmatch, names) if m}
+  return max(counts) if counts else None
+
+
 def summarize_differences(diffs: list[str]) -> str:
   """The first three of shape_differences' lines, and how many more there are."""
   more = f' (and {len(diffs) - 3} more)' if len(diffs) > 3 else ''
@@ -142,6 +158,14 @@ class Checkpointer:
         policy.LatestN(keep),
         policy.BestN(get_metric_fn=level, reverse=True, n=1,
                      keep_checkpoints_without_metrics=True)])
+    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+    for args in (ocp.args.StandardSave, ocp.args.StandardRestore):
+      registry.add('state', args, ocp.StandardCheckpointHandler())
+    # The data position: one file for every process (data/position.json, process 0 writes it),
+    # or per process (process_<i>-of-<n>.json: grain's handler) in runs saved by several
+    # processes before issue 45, which go on saving it so.
+    registry.add('data', ocp.args.JsonSave, ocp.handlers.JsonCheckpointHandler(filename=POSITION))
+    registry.add('data', grain.checkpoint.CheckpointSave, grain.checkpoint.CheckpointHandler())
     with _quiet_orbax() if read_only else contextlib.nullcontext(), self._readable():
       options = ocp.CheckpointManagerOptions(
           create=not read_only, read_only=read_only, enable_async_checkpointing=not read_only,
@@ -149,8 +173,10 @@ class Checkpointer:
           save_decision_policy=policy.AnySavePolicy([
               policy.FixedIntervalPolicy(every), policy.PreemptionCheckpointingPolicy()]))
       self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                           item_names=('state', 'data'))
+                                           handler_registry=registry)
     self._sizes = {}
+    self._issued = None        # the step of the last save started by this process
+    self._committed = None     # a step known to be written (the one restored, or a finished save)
 
   @contextlib.contextmanager
   def _readable(self):
@@ -235,9 +261,17 @@ class Checkpointer:
           f'checkpoint took {need / 2**20:.1f} MiB: the next save would fail. Free space (or '
           f'move the run), then run the same command again: it resumes from step {latest}.')
 
+  def last_committed_step(self) -> int | None:
+    """The newest step this process knows to be written, from memory alone (it never waits
+    on the storage: liveness.py asks it from another thread while a collective hangs)."""
+    if self._issued is not None and not self.manager.is_saving_in_progress():
+      return self._issued
+    return self._committed
+
   def _save(self, step: int, state: dict, items: dict, metrics, loop_state):
     self.check_for_errors()
-    self._check_disk_space()
+    self._check_disk_space()     # waits for the save in flight: it is written now
+    self._committed = self._issued if self._issued is not None else self._committed
     sums, bad = integrity(state)
     if bad:
       raise CheckpointError(f'Refusing to save checkpoint {step}: {len(bad)} array(s) hold '
@@ -247,14 +281,17 @@ class Checkpointer:
                                                       **items),
                         force=True, metrics=metrics,
                         custom_metadata={'checksums': sums, 'loop': loop_state or {}})
+    self._issued = step
 
   def save(self, step: int, state: dict, data_iter, *, metrics: dict | None = None,
-           loop_state: dict | None = None):
-    """Starts an async save of `state` (a pytree) and the data iterator's position; `metrics`
+           loop_state: dict | None = None, per_process_stream: bool = False):
+    """Starts an async save of `state` (a pytree) and the data iterator's position (one for
+    all processes, or with `per_process_stream` each process's own); `metrics`
     ({'loss_level': ...}) ranks it for the best-checkpoint rule, `loop_state` is restored with
     it (JSON)."""
-    self._save(step, state, {'data': grain.checkpoint.CheckpointSave(data_iter)}, metrics,
-               loop_state)
+    data = (grain.checkpoint.CheckpointSave(data_iter) if per_process_stream
+            else ocp.args.JsonSave(data_iter.get_state()))
+    self._save(step, state, {'data': data}, metrics, loop_state)
 
   def save_params(self, step: int, params: dict):
     """A warm-start checkpoint: the parameters alone (imports), kept outside the best-checkpoint
@@ -298,15 +335,57 @@ class Checkpointer:
       params = self._read_params(step, abstract_state['params'])
       self._verify(step, {'params': params}, warn)
       return Restored(step, {'params': params}, {}, warm=True)
+    position = self._data_position(step)
     try:
       out = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state),
-          data=grain.checkpoint.CheckpointRestore(data_iter)))
-    except Exception as e:  # orbax and grain raise many types
+          state=ocp.args.StandardRestore(abstract_state)))
+    except Exception as e:  # orbax raises many types
       raise CheckpointError(_reason(e)) from e
     self._verify(step, out['state'], warn)
+    # Only a verified checkpoint moves the data iterator: a rejected one leaves it where it was
+    # (issue 50: a run whose newer checkpoints were all set aside read another run's data).
+    try:
+      data_iter.set_state(position)
+    except Exception as e:  # pylint: disable=broad-except  # grain raises many types
+      raise PositionMismatch(f'its data position does not fit this data pipeline '
+                             f'({_reason(e)})') from e
     loop = self.manager.metadata(step).custom_metadata.get('loop') or {}
     return Restored(step, out['state'], loop, warm=False)
+
+  def _data_position(self, step: int) -> dict:
+    """The data iterator's state saved with checkpoint `step`: the one for all processes, or
+    (runs saved by several processes before issue 45) this process's own, read and parsed before
+    anything is restored."""
+    data = storage.join(self.directory, str(step), 'data')
+    try:
+      names = storage.listdir(data)
+      if POSITION in names:
+        name = POSITION
+      else:
+        count = per_process_count(names)
+        index = 0 if count == 1 else jax.process_index()
+        if count is None:
+          raise CheckpointError(f'its data holds no position ({names})')
+        if count > 1 and count != jax.process_count():
+          raise PositionMismatch(f'its data positions are those of {count} processes, each its '
+                                 f'own stream; this run has {jax.process_count()}')
+        name = f'process_{index}-of-{count}.json'
+      return json.loads(storage.read_text(storage.join(data, name)))
+    except CheckpointError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  # unreadable, truncated, not JSON
+      raise CheckpointError(f'its data position is unreadable ({_reason(e)})') from e
+
+  def per_process_streams(self) -> int | None:
+    """N where the newest checkpoint with a data position holds one per process of N > 1
+    processes (runs saved before issue 45, whose data streams are per process); else None."""
+    for step in reversed(self.all_steps()):
+      data = storage.join(self.directory, str(step), 'data')
+      if storage.isdir(data):
+        names = storage.listdir(data)
+        count = None if POSITION in names else per_process_count(names)
+        return count if count and count > 1 else None
+    return None
 
   def set_aside(self, step: int) -> str:
     """Moves an unusable step out of orbax's view (kept for inspection, never deleted): a rename,
@@ -323,18 +402,6 @@ class Checkpointer:
       multihost_utils.sync_global_devices(f'set_aside_{step}')
     self.manager.reload()
     return dst
-
-  def _check_processes(self, step: int):
-    """The data iterator's position is saved per process: the process count must match."""
-    data = storage.join(self.directory, str(step), 'data')
-    mine = f'process_{jax.process_index()}-of-{jax.process_count()}.json'
-    if storage.isdir(data) and not storage.exists(storage.join(data, mine)):
-      saved = [f for f in storage.listdir(data) if f.startswith('process_')]
-      raise CheckpointError(
-          f'Checkpoint {step} in {self.directory} holds the data positions of another process '
-          f'count ({", ".join(saved)}); this run has {jax.process_count()} process(es). Resume '
-          'with the same number of processes, or start a new --workdir with '
-          f'--config.train.init_from={storage.dirname(self.directory)}.')
 
   def shape_differences(self, step: int, abstract_params: dict) -> list[str]:
     """How the parameters saved in checkpoint `step` differ in names or shapes from
@@ -376,17 +443,40 @@ class Checkpointer:
     """The newest intact checkpoint, onto the shardings of `abstract_state`; unusable newer ones
     are set aside with a warning. None if there is none. A checkpoint of another model shape is
     refused (a CheckpointError naming the differences), never set aside."""
-    for step in reversed(self.all_steps()):
-      self._check_processes(step)
+    steps, unusable = self.all_steps(), []
+    for step in reversed(steps):
       self.check_shapes(step, abstract_state['params'])
       try:
         with console.without_event_loop_noise(), _quiet_orbax():
-          return self._restore(step, abstract_state, data_iter, warn)
+          restored = self._restore(step, abstract_state, data_iter, warn)
+        self._committed = step
+        return restored
+      except PositionMismatch as e:   # intact, but not for this pipeline: never set aside
+        raise CheckpointError(
+            f'Checkpoint {step} in {self.directory}: {e}. The checkpoint is intact and was left '
+            'as it is: resume with the settings it was saved with.') from None
       except CheckpointError as e:
         moved = self.set_aside(step)
+        unusable.append(f'{step} ({e}; now {storage.basename(moved)})')
         warn(f'Warning: checkpoint {step} is unusable ({e}); set aside as {moved} (not '
              'deleted); trying the previous one.')
+    if unusable or self.set_aside_steps():
+      # Starting over here would write new checkpoints and metrics over the old run's: a person
+      # decides (docs/faults.md: why this refuses rather than starting over).
+      what = (f'every checkpoint is unusable: {"; ".join(unusable)}' if unusable else
+              'it has no usable checkpoint, only ones set aside as unusable: '
+              f'{", ".join(self.set_aside_steps())}')
+      raise CheckpointError(
+          f'{storage.dirname(self.directory)}: {what}. Nothing was restored or trained, and the '
+          'set-aside checkpoints are kept for inspection. To train this run from step 0 again, '
+          f'move or delete {self.directory} and the run\'s metrics, or give a new --workdir.')
     return None
+
+  def set_aside_steps(self) -> list[str]:
+    """The names of the checkpoints set aside as unusable (<step>.unusable[N])."""
+    if not storage.isdir(self.directory):
+      return []
+    return sorted(n for n in storage.listdir(self.directory) if _SET_ASIDE.fullmatch(n))
 
   def restore_step(self, step: int, abstract_state: dict, data_iter) -> Restored:
     """Checkpoint `step` (verified), e.g. the best one, for a rollback."""

@@ -179,7 +179,9 @@ class ModelFactory:
     """An nnx Transformer holding `params`."""
     return nnx.merge(self.graphdef, params)
 
-  def global_batch(self, local_batch: dict) -> dict:
-    """Per-process numpy batch -> global jax arrays sharded over the data-parallel axes."""
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
-            for k, v in local_batch.items()}
+  def global_batch(self, batch: dict, whole: bool = False) -> dict:
+    """Numpy batch -> global jax arrays sharded over the data-parallel axes. `batch`: this
+    process's rows, or with `whole` the whole global batch (the same in every process), of which
+    each device gets its rows, wherever the mesh puts it."""
+    return {k: jax.make_array_from_process_local_data(
+        self.batch_sharding, v, v.shape if whole else None) for k, v in batch.items()}

@@ -24,8 +24,8 @@ the last log (0 when the pipeline keeps up).
 """
 
 import dataclasses
+import functools
 import json
-import signal
 import time
 
 import jax
@@ -37,7 +37,8 @@ from gated_attention.runs import rundir as workdir_lib
 from gated_attention.training import evaluate as eval_lib
 from gated_attention.model import transformer as model_lib
 from gated_attention.training import prefetch, stability
-from gated_attention import compilation_cache, sharding
+from gated_attention.training.interrupt import Interrupt
+from gated_attention import compilation_cache, liveness, sharding
 from gated_attention.training import train as train_lib
 from gated_attention.errors import CheckpointError, ConfigError, UserError
 from gated_attention.training.reporting import MetricsWriter, Progress, Throughput
@@ -45,30 +46,6 @@ from gated_attention.training.reporting import MetricsWriter, Progress, Throughp
 
 class TrainingStopped(UserError):
   """The run stopped on a failure its policy does not recover from (nothing bad was saved)."""
-
-
-class Interrupt:
-  """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and exits cleanly."""
-
-  def __init__(self):
-    self.signal = None
-    self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
-
-  def _handle(self, signum, _):
-    if self.signal is not None:  # a second Ctrl-C: give up immediately
-      # Not a KeyboardInterrupt: raised inside a garbage-collection callback (JAX has one) it is
-      # only printed, as a traceback, and the run goes on. Checkpoints are committed atomically,
-      # so stopping here loses nothing saved; the save in flight, if any, is not used.
-      import os  # pylint: disable=g-import-not-at-top
-      # fd 1: stderr may be console.py's pipe, whose pump thread dies with the process
-      os.write(1, b'\nInterrupted again: stopped at once. Checkpoints already written are intact; '
-               b'run the same command again to resume from the latest.\n')
-      os._exit(130)  # pylint: disable=protected-access
-    self.signal = signum
-
-  def restore(self):
-    for s, h in self._old.items():
-      signal.signal(s, h)
 
 
 def evaluate(setup, params, data) -> dict:
@@ -87,6 +64,9 @@ def check_loop_config(config):
   if config.data.get('val_batches', 1) <= 0:
     raise ConfigError(f'config.data.val_batches={config.data.val_batches} must be positive: '
                       'every evaluation (and the last step) reads that many held-out batches.')
+  if tc.get('stop_timeout', 1) <= 0:
+    raise ConfigError(f'config.train.stop_timeout={tc.stop_timeout} must be positive seconds: '
+                      'how long a stopping process may take before it exits anyway.')
   stability.check_config(tc)
   depth = config.data.get('device_prefetch', 2)
   if depth < 0:
@@ -112,6 +92,7 @@ class Run:
   lr_scale: float = 1.0
   rollbacks: int = 0
   pending: list = dataclasses.field(default_factory=list)  # (step, device metrics) to check
+  per_process_stream: bool = False   # a run saved before issue 45 by several processes
 
   @property
   def abstract_state(self) -> dict:
@@ -130,7 +111,8 @@ class Run:
         self.step, {'params': self.params, 'opt_state': self.opt_state}, self.data.train_iter,
         metrics={'loss_level': 1e30 if level is None else float(level)},
         loop_state={'lr_scale': self.lr_scale, 'rollbacks': self.rollbacks,
-                    'guard': self.guard.state()})
+                    'guard': self.guard.state(), 'topology': _topology(self.setup)},
+        per_process_stream=self.per_process_stream)
 
   def adopt(self, restored: ckpt_lib.Restored):
     """Continue from a restored checkpoint (a warm start gets a fresh optimizer state)."""
@@ -142,16 +124,56 @@ class Run:
     self.guard.reset(restored.loop.get('guard'))
 
 
-def _build_data(config):
+def _build_data(config, per_process_stream: bool = False):
   tc = config.train
   data = input_pipeline.build_data(
       config.data, global_batch_size=tc.batch_size, seed=config.seed,
-      process_index=jax.process_index(), process_count=jax.process_count())
+      process_index=jax.process_index(), process_count=jax.process_count(),
+      per_process_stream=per_process_stream)
   if data.tokenizer.vocab_size > config.model.vocab_size:
     raise ConfigError(f'The tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} '
                       f'tokens but config.model.vocab_size={config.model.vocab_size}; raise '
                       'config.model.vocab_size to at least the tokenizer size.')
   return data
+
+
+def _per_process_streams(workdir: str) -> bool:
+  """Whether the run was saved by several processes with a data stream each (before issue
+  45): then it resumes so, with that process count only (refused otherwise, before anything is
+  written). Every other run reads one global stream and resumes on any number of processes."""
+  if not workdir_lib.checkpoint_steps(workdir):
+    return False
+  reader = ckpt_lib.Checkpointer(workdir, read_only=True)
+  try:
+    count = reader.per_process_streams()
+  finally:
+    reader.close()
+  if count is not None and count != jax.process_count():
+    raise CheckpointError(
+        f'{workdir} was saved by {count} processes, each reading its own data stream (the data '
+        'order of runs saved before elastic resumption); this run has '
+        f'{jax.process_count()} process(es). Resume it with {count} processes (its checkpoints '
+        'are intact and were left as they are), or start a new --workdir with '
+        f'--config.train.init_from={workdir} (its parameters, a fresh data order).')
+  return count is not None
+
+
+def _topology(setup) -> dict:
+  return {'processes': jax.process_count(), 'devices': jax.device_count(),
+          'mesh': {k: int(v) for k, v in setup.mesh.shape.items()}}
+
+
+def _say_topology(restored: ckpt_lib.Restored, setup):
+  """The first line of a run resumed on another slice: what changed (the batches do not)."""
+  saved, now = restored.loop.get('topology'), _topology(setup)
+  if saved is None or (saved['processes'], saved['devices']) == (now['processes'],
+                                                                   now['devices']):
+    return
+  _say(f'Resuming step {restored.step} on {now["processes"]} process(es) x '
+       f'{now["devices"] // now["processes"]} devices (mesh {now["mesh"]}); it was saved by '
+       f'{saved["processes"]} x {saved["devices"] // saved["processes"]} (mesh {saved["mesh"]}). '
+       'The batches go on as they would have; the losses agree to float rounding (another '
+       'reduction order).')
 
 
 def _check_init_from(source: str, abstract_params: dict):
@@ -203,11 +225,13 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
                   setup: train_lib.Setup | None = None) -> Run:
   """start_run's work once this trainer holds the run directory's lock."""
   tc = config.train
-  data = _build_data(config)
+  per_process = _per_process_streams(workdir)
+  data = _build_data(config, per_process_stream=per_process)
   if setup is None:
     setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
-  data.train_iter = prefetch.DevicePrefetch(data.train_iter, setup.global_batch,
-                                            config.data.get('device_prefetch', 2))
+  data.train_iter = prefetch.DevicePrefetch(
+      data.train_iter, functools.partial(setup.global_batch, whole=not per_process),
+      config.data.get('device_prefetch', 2))
   if tc.init_from and not workdir_lib.checkpoint_steps(workdir):   # before anything is written
     _check_init_from(tc.init_from, setup.abstract_params)
   checkpointer = ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
@@ -220,9 +244,11 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
   workdir_lib.check_or_write_config(
       workdir, config, resuming_data=latest is not None and checkpointer.has_data(latest))
   run = Run(config, workdir, data, setup, checkpointer, MetricsWriter(workdir),
-             stability.Guard(tc, config.model.vocab_size), lock=lock)
+             stability.Guard(tc, config.model.vocab_size), lock=lock,
+             per_process_stream=per_process)
   restored = checkpointer.restore_latest(run.abstract_state, data.train_iter, warn=_say)
   if restored is not None:
+    _say_topology(restored, setup)
     run.adopt(restored)
   elif tc.init_from:
     _init_from(run, tc.init_from)
@@ -377,12 +403,23 @@ def log_evaluate_save(run: Run, metrics, throughput: Throughput, due: list[bool]
   return val, saved
 
 
-def save_on_interrupt(run: Run, signum, saved: bool):
-  """A signal stopped the loop: the state is saved unless it just was or is not calm."""
+def save_on_interrupt(run: Run, what, saved: bool):
+  """A signal stopped the loop (`what`: 'signal 15', or Interrupt.describe()): the state is
+  saved unless it just was or is not calm (every process decides alike: the guard's state is
+  the same everywhere)."""
   if not saved and check_pending(run) is None and run.guard.calm:
     run.save()
-  run.progress.write(f'Interrupted (signal {signum}) at step {run.step}: '
-                     'checkpoint saved; run the same command again to resume.')
+    saved = True
+  what = what if isinstance(what, str) else f'signal {what}'
+  hosts = ' on every host' if jax.process_count() > 1 else ''
+  if saved:
+    run.progress.write(f'Interrupted ({what}) at step {run.step}: checkpoint saved; run the same '
+                       f'command again{hosts} to resume.')
+  else:
+    latest = run.checkpointer.latest_step()
+    run.progress.write(f'Interrupted ({what}) at step {run.step}: not saved (the loss is not '
+                       'calm); run the same command again' + hosts + ' to resume from '
+                       + (f'step {latest}.' if latest is not None else 'the start.'))
 
 
 def _train(run: Run, interrupt: Interrupt) -> dict:
@@ -391,7 +428,7 @@ def _train(run: Run, interrupt: Interrupt) -> dict:
   throughput = Throughput(run.config, setup.model_cfg)
   val, last_saved = None, run.step
   with jax.set_mesh(setup.mesh):
-    while run.step < tc.steps and interrupt.signal is None:
+    while run.step < tc.steps and not interrupt.stop_now():
       run.checkpointer.check_for_errors()          # a failed async save stops at the next step
       start = time.perf_counter()
       batch = next(run.data.train_iter)            # global arrays, on the devices (prefetch.py)
@@ -407,8 +444,8 @@ def _train(run: Run, interrupt: Interrupt) -> dict:
       new_val, saved = log_evaluate_save(run, metrics, throughput, due)
       val = new_val if new_val is not None else val
       last_saved = run.step if saved else last_saved
-    if interrupt.signal is not None:
-      save_on_interrupt(run, interrupt.signal, last_saved == run.step)
+    if interrupt.stopped:
+      save_on_interrupt(run, interrupt.describe(), last_saved == run.step)
   return val
 
 
@@ -431,19 +468,29 @@ def run(config, workdir: str, on_finish=None) -> dict:
   compilation_cache.enable(config.get('compilation_cache', ''))
   state = start_run(config, workdir)
   state.progress.write(describe_run(state))
-  interrupt = Interrupt()
+  liveness.hint = lambda: _resume_hint(state)
+  interrupt = Interrupt(config.train.stop_timeout)
   try:
     val = _train(state, interrupt)
   except BaseException:   # the first error is the one reported; closing must not hide it
-    interrupt.restore()
     close_run(state, raise_errors=False)
+    interrupt.restore()
     raise
-  interrupt.restore()
   close_run(state)
-  if (on_finish is not None and interrupt.signal is None
+  interrupt.restore()
+  liveness.hint = None
+  if (on_finish is not None and not interrupt.stopped
       and state.step == config.train.steps == workdir_lib.latest_step(workdir)):
     on_finish(Finished(workdir, state.step, state.params, state.setup, state.data))
   return val or {}
+
+
+def _resume_hint(run: Run) -> str:
+  """What running the command again does, as far as this process knows without asking the
+  storage (liveness.py prints it from another thread when a process is lost)."""
+  step = run.checkpointer.last_committed_step()
+  return (f'it resumes from step {step}' if step is not None
+          else 'it resumes from its latest checkpoint')
 
 
 def close_run(run: Run, raise_errors: bool = True):

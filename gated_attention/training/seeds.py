@@ -183,7 +183,7 @@ def _train(stacked: Stacked, runs, interrupt, close) -> tuple[dict, list[str]]:
   lr_scale, last_saved = float(runs[0].lr_scale), runs[0].step
   vals, stopped, pending = {}, [], []
   with jax.set_mesh(setup.mesh):
-    while runs and runs[0].step < tc.steps and interrupt.signal is None:
+    while runs and runs[0].step < tc.steps and not interrupt.stop_now():
       batches = []
       for r, t in zip(runs, throughputs):
         r.checkpointer.check_for_errors()
@@ -225,7 +225,7 @@ def _train(stacked: Stacked, runs, interrupt, close) -> tuple[dict, list[str]]:
           params_S, opt_S = stacked.stack_state(states)
       for t in throughputs if due[1] else ():    # the evaluations of all seeds are not steps
         t.reset()
-    if interrupt.signal is not None and runs:
+    if interrupt.stopped and runs:
       failures = _feed_guards(runs, pending)
       for i, r in enumerate(runs):
         if i in failures:
@@ -233,7 +233,7 @@ def _train(stacked: Stacked, runs, interrupt, close) -> tuple[dict, list[str]]:
           continue
         if last_saved != r.step:
           r.params, r.opt_state = stacked.take(params_S, opt_S, i)
-        loop.save_on_interrupt(r, interrupt.signal, last_saved == r.step)
+        loop.save_on_interrupt(r, interrupt.describe(), last_saved == r.step)
   return vals, stopped
 
 
@@ -260,7 +260,7 @@ def run(config, workdirs: dict) -> dict:
       r.progress.close()
       r.progress = Progress(r.step, r.config.train.steps, prefix=f'[seed {r.config.seed}] ')
       r.progress.write(loop.describe_run(r))
-    interrupt = loop.Interrupt()
+    interrupt = loop.Interrupt(first.train.stop_timeout)
     try:
       vals, stopped = _train(Stacked(setup), list(runs), interrupt, close)
     finally:
