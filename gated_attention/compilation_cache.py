@@ -18,11 +18,30 @@ from gated_attention import storage
 from gated_attention.errors import ConfigError
 
 _enabled = ['']
+_off = [False]   # a multi-process CPU run: never on
+
+
+def off_for_multiprocess_cpu() -> bool:
+  """Turns the persistent cache off in a multi-process run on CPU devices (distributed.py calls
+  it once jax.distributed is up), whether config.compilation_cache or JAX_COMPILATION_CACHE_DIR
+  asked for it: there, executables read back from the cache hang the processes in a collective
+  (measured with jaxlib 0.10.2 and gloo: the evaluation's inspection pass, every time, with one
+  cache per process too; compiled afresh, the same programs run). TPU and GPU pods keep it.
+  Returns whether it did."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1 or jax.default_backend() != 'cpu':
+    return False
+  if (jax.config.jax_compilation_cache_dir or _enabled[0]) and jax.process_index() == 0:
+    print('Note: the persistent compilation cache is off in this multi-process CPU run (cached '
+          'CPU executables hang its collectives); every process compiles afresh.', flush=True)
+  jax.config.update('jax_enable_compilation_cache', False)
+  _off[0] = True
+  return True
 
 
 def enable(directory: str):
   """Stores and reads compiled programs in `directory` ('': leaves JAX's setting as it is)."""
-  if not directory:
+  if not directory or _off[0]:
     return
   remote = storage.is_remote(directory)    # gs://: JAX reads and writes it through etils epath
   directory = storage.abspath(directory if remote else os.path.expanduser(directory))

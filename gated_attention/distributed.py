@@ -30,7 +30,7 @@ import os
 import jax
 from jax._src import distributed as jax_distributed_impl
 
-from gated_attention import liveness
+from gated_attention import compilation_cache, liveness
 from gated_attention.errors import ConfigError
 
 DEFAULT_HEARTBEAT_TIMEOUT = 100   # seconds (JAX's default)
@@ -111,6 +111,7 @@ def initialize(dist_cfg) -> bool:
                jax.device_count())
   if jax.process_count() > 1:
     liveness.start(jax_distributed_impl.global_state.client, heartbeat)
+    compilation_cache.off_for_multiprocess_cpu()
   return jax.process_count() > 1
 
 

@@ -2,6 +2,7 @@
 
   python tests/multihost_worker.py steps     OUT WORKDIR DEVICES [PORT NUM_PROCESSES PROCESS_ID]
   python tests/multihost_worker.py loop      OUT WORKDIR DEVICES PORT NUM_PROCESSES PROCESS_ID
+  python tests/multihost_worker.py legacy    OUT WORKDIR DEVICES PORT NUM_PROCESSES PROCESS_ID
   python tests/multihost_worker.py reference OUT WORKDIR DEVICES
 
 steps:     jax.distributed over localhost (gloo CPU collectives), train.Setup on the mesh of every
@@ -10,6 +11,7 @@ steps:     jax.distributed over localhost (gloo CPU collectives), train.Setup on
            process's losses and what it saw of the mesh.
 loop:      the same through loop.run (metrics written by process 0 only, orbax checkpoints
            coordinated across processes, evaluation), then a resumed run of one more step.
+legacy:    loop.run of a run saved as before issue 45 (a data stream per process), then resumed.
 reference: one process with all the devices, the global stream (what `loop` reads in each process);
            and the per-process streams of runs saved before issue 45 concatenated (what `steps`
            assembles with make_array_from_process_local_data); writes both losses.
@@ -19,12 +21,13 @@ import json
 import os
 import sys
 
-MODE, OUT, WORKDIR, DEVICES = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-os.environ['XLA_FLAGS'] = (f'--xla_force_host_platform_device_count={DEVICES}'
-                           ' --xla_backend_optimization_level=0'
-                           ' --xla_llvm_disable_expensive_passes=true')
-os.environ['JAX_PLATFORMS'] = 'cpu'
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == '__main__':   # (imported by a test for `config` alone, it leaves JAX as it is)
+  MODE, OUT, WORKDIR, DEVICES = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+  os.environ['XLA_FLAGS'] = (f'--xla_force_host_platform_device_count={DEVICES}'
+                             ' --xla_backend_optimization_level=0'
+                             ' --xla_llvm_disable_expensive_passes=true')
+  os.environ['JAX_PLATFORMS'] = 'cpu'
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -126,6 +129,15 @@ def main():
     out['cpu_collectives'] = str(jax.config.jax_cpu_collectives_implementation)
     if MODE == 'steps':
       out.update(steps_mode(c, i, n))
+    elif MODE == 'legacy':
+      # A run as runs were saved before issue 45: one data stream per process (forced for the
+      # fresh run; the resumed one finds it out from the checkpoint's per-process positions).
+      from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
+      fresh = loop._per_process_streams  # pylint: disable=protected-access
+      loop._per_process_streams = lambda workdir: True  # pylint: disable=protected-access
+      loop.run(c, WORKDIR)
+      loop._per_process_streams = fresh  # pylint: disable=protected-access
+      loop.run(config(port, n, i, steps=STEPS + 1), WORKDIR)
     else:
       from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
       out['val'] = loop.run(c, WORKDIR)

@@ -161,3 +161,35 @@ def test_two_processes_write_one_run_on_object_storage(loop_run, gcs, tmp_path):
   assert 'position.json' in data and not [n for n in data if n.startswith('process_')]
   state = storage.listdir(storage.join(ckpt, str(STEPS), 'state'))
   assert 'ocdbt.process_0' in state and 'ocdbt.process_1' in state
+
+
+@pytest.mark.slow   # two more jax.distributed processes, and a refused single-process resume
+def test_runs_saved_with_a_stream_per_process_resume_with_their_process_count(tmp_path):
+  """Runs saved by several processes before issue 45 hold a data position per process, of a
+  stream per process: they resume so (the losses of those streams) with the same process count,
+  and another count is refused before anything is written."""
+  from gated_attention.errors import CheckpointError  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
+  from tests import multihost_worker  # pylint: disable=g-import-not-at-top
+  port, workdir = _free_port(), tmp_path / 'run'
+  outs = [tmp_path / f'process{i}.json' for i in range(2)] + [tmp_path / 'reference.json']
+  logs = [open(tmp_path / f'log{i}.txt', 'w+') for i in range(3)]
+  commands = [([sys.executable, WORKER, 'legacy', str(outs[i]), str(workdir), '4', str(port),
+                '2', str(i)], _env(port), logs[i]) for i in range(2)]
+  commands.append(([sys.executable, WORKER, 'reference', str(outs[2]), str(tmp_path / 'ref'),
+                    '8'], _env(), logs[2]))
+  try:
+    _run_all(commands)
+  finally:
+    for log in logs:
+      log.close()
+  ref = json.loads(outs[2].read_text())
+  train = {r['step']: r['loss'] for r in _rows(workdir) if r['split'] == 'train'}
+  assert [train[s] for s in sorted(train)][:STEPS] == pytest.approx(
+      ref['losses_per_process_streams'], rel=1e-5)
+  data = sorted(os.listdir(workdir / 'checkpoints' / str(STEPS + 1) / 'data'))
+  assert 'process_0-of-2.json' in data and 'process_1-of-2.json' in data   # still per process
+  before = sorted(os.listdir(workdir / 'checkpoints'))
+  with pytest.raises(CheckpointError, match='saved by 2 processes, each reading its own data'):
+    loop.run(multihost_worker.config(steps=STEPS + 2), str(workdir))
+  assert sorted(os.listdir(workdir / 'checkpoints')) == before

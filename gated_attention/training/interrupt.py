@@ -3,7 +3,7 @@ multi-process run every process stops after the same step.
 
     interrupt = Interrupt(stop_timeout=config.train.stop_timeout)
     while run.step < steps and not interrupt.stop_now():   # once per loop turn, every process
-      ...one step...
+      ...interrupt.step(setup, ...) where interrupt.agreeing, else setup.train_step(...)...
     if interrupt.stopped: save, say `interrupt.describe()`
     interrupt.restore()
 
@@ -11,12 +11,14 @@ One process: the first signal stops the loop before its next step (as it always 
 
 Several processes: a signal reaches each host on its own (a maintenance event, a preemption
 notice, SLURM's --signal), seconds apart or not at all. A process that stopped alone would leave
-the others in a collective it never joins, and both hang. So each loop turn, every process posts
-its own signal (0: none) to a tiny all-gather over every device, dispatched asynchronously like
-the step, and reads the result posted `lag` turns earlier: the same turn on every process, so
-they all see the same values and stop after the same step, and they all save. The gather costs a
-dispatch and a few bytes a step, and the read waits for a step that is `lag` steps old (the
-devices stay busy with the newer ones): benchmarks/interrupt_cost.py measures it.
+the others in a collective it never joins, and both hang. So every step carries each process's
+signal (0: none) on each of its devices into the step's own program, which gathers them to every
+device (Setup.train_step_with_flags); after each step the loop reads the flags of the step `lag`
+steps back: the same step on every process, so they all see the same values, stop after the same
+step and all save. (A program of its own for the flags deadlocked: on a CPU it can run beside the
+step, and their collectives interleave differently on two processes.) The cost: a few bytes a
+step and a read that waits for a step `lag` steps old, while the devices run the newer ones
+(benchmarks/stop_agreement.py).
 
 Bounds, for every process count: a second signal exits at once (status 128 + signal), and a
 process still running `stop_timeout` seconds after its first signal exits with status 124 and one
@@ -42,30 +44,30 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class _Agreement:
-  """Every process's signal, gathered on every device, read `lag` loop turns later."""
+  """Every device's stop flag, carried through the training step, read `lag` steps later."""
 
   def __init__(self, lag: int = LAG):
-    devices = np.array(jax.devices())
-    mesh = jax.sharding.Mesh(devices, ('processes',))
-    self._posted = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('processes'))
-    self._gather = jax.jit(lambda x: x, out_shardings=jax.sharding.NamedSharding(
-        mesh, jax.sharding.PartitionSpec()))
-    self._owner = np.array([d.process_index for d in devices])
     self._lag, self._queue = lag, collections.deque()
 
-  def post(self, signum: int | None):
-    local = np.full((jax.local_device_count(),), signum or 0, np.int32)
-    self._queue.append(self._gather(
-        jax.make_array_from_process_local_data(self._posted, local)))
+  def flags(self, signum: int | None, setup) -> jax.Array:
+    """This process's flag on each of its devices of `setup`'s mesh: the step's extra input."""
+    local = np.full((len(setup.mesh.local_devices),), signum or 0, np.int32)
+    return jax.make_array_from_process_local_data(setup.flags_sharding, local)
+
+  def push(self, gathered: jax.Array, setup):
+    """The step's output: every device's flag, in the mesh's device order."""
+    owners = [d.process_index for d in setup.mesh.devices.flat]
+    self._queue.append((gathered, owners))
 
   def decided(self) -> tuple[int, list[int]] | None:
-    """(signal, the processes that received one) once the value `lag` turns old holds one."""
+    """(signal, the processes that received one) once the flags `lag` steps old hold one."""
     if len(self._queue) <= self._lag:
       return None
-    values = np.asarray(jax.device_get(self._queue.popleft()))
+    gathered, owners = self._queue.popleft()
+    values = np.asarray(jax.device_get(gathered))
     if not values.any():
       return None
-    return int(values.max()), sorted({int(p) for p in self._owner[values > 0]})
+    return int(values.max()), sorted({owners[i] for i in np.flatnonzero(values)})
 
 
 def _say(text: str):
@@ -132,16 +134,28 @@ class Interrupt:
          'same command again to resume from the latest.\n')
     os._exit(EXIT_STOP_TIMEOUT)  # pylint: disable=protected-access
 
+  @property
+  def agreeing(self) -> bool:
+    """Whether the steps carry the stop flags (several processes): `step` then runs
+    Setup.train_step_with_flags instead of train_step."""
+    return self._agreement is not None
+
+  def step(self, setup, params, opt_state, batch, lr_scale: float):
+    """One training step that carries this process's stop flag to every process."""
+    params, opt_state, metrics = setup.train_step_with_flags(
+        params, opt_state, batch, self._agreement.flags(self.signal, setup), lr_scale)
+    self._agreement.push(metrics.pop('stop_flags'), setup)
+    return params, opt_state, metrics
+
   def stop_now(self) -> bool:
     """Whether the loop stops before its next step: at once on one process; on several, once
-    the agreement says so (the same turn everywhere). Call it once per loop turn."""
+    the flags of the step `lag` steps back hold a signal (the same step everywhere)."""
     if self.agreed is not None:
       return True
     if self._agreement is None:
       if self.signal is not None:
         self.agreed = (self.signal, [self._me])
     else:
-      self._agreement.post(self.signal)
       self.agreed = self._agreement.decided()
     return self.agreed is not None
 

@@ -313,11 +313,13 @@ def _recover(run: Run, failure: stability.Event):
       'checkpoint with a lower learning rate automatically.')
 
 
-def _step(run: Run, batch) -> dict:
+def _step(run: Run, batch, interrupt: Interrupt | None = None) -> dict:
   setup = run.setup
+  step = interrupt.step if interrupt is not None and interrupt.agreeing else (
+      lambda s, *a: s.train_step(*a))
   try:
-    run.params, run.opt_state, metrics = setup.train_step(run.params, run.opt_state, batch,
-                                                          float(run.lr_scale))
+    run.params, run.opt_state, metrics = step(setup, run.params, run.opt_state, batch,
+                                              float(run.lr_scale))
   except jax.errors.JaxRuntimeError as e:
     if 'RESOURCE_EXHAUSTED' not in str(e) and 'out of memory' not in str(e).lower():
       raise
@@ -412,7 +414,10 @@ def save_on_interrupt(run: Run, what, saved: bool):
     saved = True
   what = what if isinstance(what, str) else f'signal {what}'
   hosts = ' on every host' if jax.process_count() > 1 else ''
-  if saved:
+  if run.step == 0:
+    run.progress.write(f'Interrupted ({what}) before the first step: nothing to save; run the '
+                       f'same command again{hosts} to start.')
+  elif saved:
     run.progress.write(f'Interrupted ({what}) at step {run.step}: checkpoint saved; run the same '
                        f'command again{hosts} to resume.')
   else:
@@ -433,7 +438,7 @@ def _train(run: Run, interrupt: Interrupt) -> dict:
       start = time.perf_counter()
       batch = next(run.data.train_iter)            # global arrays, on the devices (prefetch.py)
       throughput.tick(data_wait=time.perf_counter() - start)
-      metrics = _step(run, batch)
+      metrics = _step(run, batch, interrupt)
       due = due_now(run)
       if any(due):
         failure = check_pending(run)
@@ -466,15 +471,26 @@ def run(config, workdir: str, on_finish=None) -> dict:
   `on_finish(Finished)`, if given, runs once the last step is trained and saved and the run's
   files are closed (not after an interrupted run, nor one whose last step was not calm)."""
   compilation_cache.enable(config.get('compilation_cache', ''))
-  state = start_run(config, workdir)
+  # Several processes: the signals are this loop's from the start, so that one received while
+  # the run starts (restores, builds its data) stops every process too, after its first steps
+  # (otherwise jax.distributed's preemption notifier takes SIGTERM and training goes on). One
+  # process: a Ctrl-C while it starts stops it at once (main.py), as it always did.
+  early = Interrupt(config.train.stop_timeout) if jax.process_count() > 1 else None
+  try:
+    state = start_run(config, workdir)
+  except BaseException:
+    if early is not None:
+      early.restore()
+    raise
   state.progress.write(describe_run(state))
   liveness.hint = lambda: _resume_hint(state)
-  interrupt = Interrupt(config.train.stop_timeout)
+  interrupt = early or Interrupt(config.train.stop_timeout)
   try:
     val = _train(state, interrupt)
   except BaseException:   # the first error is the one reported; closing must not hide it
     close_run(state, raise_errors=False)
     interrupt.restore()
+    liveness.hint = None
     raise
   close_run(state)
   interrupt.restore()

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from gated_attention.errors import ConfigError
 from gated_attention.model import attention_kernels
@@ -162,6 +163,12 @@ def train_step(params, opt_state, batch, lr_scale: float, *, graphdef, tc, pools
   return params, opt_state, metrics
 
 
+def _with_flags(step, params, opt_state, batch, flags_N, lr_scale: float):
+  """`step`, its metrics with the stop flags of the N mesh devices (replicated: gathered)."""
+  params, opt_state, metrics = step(params, opt_state, batch, lr_scale)
+  return params, opt_state, {**metrics, 'stop_flags': flags_N}
+
+
 def eval_step(params, batch, *, graphdef, tc, document_bos=None):
   """Summed cross-entropy and token count (so batches can be pooled exactly)."""
   _, (m, _) = loss_fn(params, graphdef, batch, tc, document_bos=document_bos)
@@ -178,8 +185,13 @@ def check_train_config(cfg, batch_shards: int, mesh_shape: dict):
   for name, size in (('batch_size', tc.batch_size),
                      ('batch_size / grad_accum', tc.batch_size // tc.grad_accum)):
     if size % batch_shards:
+      fits = [g for g in range(1, tc.batch_size + 1)
+              if tc.batch_size % g == 0 and (tc.batch_size // g) % batch_shards == 0]
+      fix = (f'--config.train.grad_accum={" or ".join(map(str, fits[:4]))} would divide it'
+             if fits else 'no grad_accum divides it: give the data-parallel mesh axes '
+             '(mesh.data, mesh.fsdp) sizes that divide it, or (a new run) another batch_size')
       raise ConfigError(f'config.train.{name}={size} must be divisible by the {batch_shards} '
-                        f'data-parallel shards of mesh {mesh_shape}.')
+                        f'data-parallel shards of mesh {mesh_shape}: {fix}.')
   m = cfg.model
   attention_kernels.check(m.attention_impl, cfg.data.seq_len, m.attention_block_q,
                           m.attention_block_kv)
@@ -227,6 +239,18 @@ class Setup(factory_lib.ModelFactory):
     self.eval_step = self.jit(
         functools.partial(eval_step, graphdef=self.graphdef, tc=tc, document_bos=bos),
         in_shardings=(self.param_shardings, self.batch_sharding), out_shardings=replicated)
+    # Multi-process runs: the step that also carries each device's stop flag (its process's
+    # signal, 0: none) to every device, so that every process reads the same flags after the
+    # same step (training/interrupt.py). Inside the step's own program: a program of its own
+    # could run beside the step on a CPU, and two programs' collectives interleaved differently
+    # on two processes deadlock them. Compiled only where used.
+    self.flags_sharding = NamedSharding(self.mesh, P(tuple(self.mesh.axis_names)))
+    self.train_step_with_flags = self.jit(
+        functools.partial(_with_flags, self.train_step_fn),
+        in_shardings=(self.param_shardings, self.opt_shardings, self.batch_sharding,
+                      self.flags_sharding),
+        out_shardings=(self.param_shardings, self.opt_shardings, replicated),
+        static_argnums=(4,), donate_argnums=(0, 1))
 
   def _init(self, key):
     params = self.fresh_params(key)

@@ -1,0 +1,258 @@
+"""A pod's ordinary events, with several `main.py` processes joined by jax.distributed on this
+machine (tests/pod.py), each checked for: every process exits within its bound, nothing saved
+is lost or damaged, and the same command resumes to the uninterrupted run's losses (bitwise
+where the process count is unchanged; to float rounding where it changes, the global batches
+being equal: their token hashes are checked).
+
+- two processes, local disk: SIGTERM to one process mid-step, to both 3 s apart, to both at once
+  mid-save, to one during compilation; kill -9 of process 1 mid-step and of process 0 (the
+  coordinator) mid-save; then the run to its end.
+- elastic: 2 -> 1 -> 2 -> 4 processes, with SIGTERM to one of four and kill -9 of one of four on
+  the way, then 8 -> 4 devices in one process with grad_accum doubled.
+- two processes on gs:// (fake-gcs-server): SIGTERM to one, kill -9 of one, the run to its end.
+
+Slow (each launch starts two to four processes; the module keeps one compilation cache). The
+bounds: a stop signal, the step in flight plus the agreement's two steps and the save; a lost
+process, distributed.heartbeat_timeout (4 s here) plus two watch intervals, and process 0's
+linger; a lost coordinator, at once (JAX aborts the others: docs/faults.md).
+"""
+
+import hashlib
+import json
+import os
+import re
+import signal
+import time
+
+import jax
+import numpy as np
+import pytest
+from jax.experimental.compilation_cache import compilation_cache
+
+from gated_attention import input_pipeline
+from gated_attention import liveness, storage
+from gated_attention.runs import rundir
+from gated_attention.runs import checkpoint as ckpt_lib
+from tests.pod import HEARTBEAT, OVERRIDES, Pod
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')]
+STEPS = 60
+STOP_BOUND = 60                       # a stop signal: seconds until every process has exited
+LOST_BOUND = HEARTBEAT + 3 * 1.0 + 20   # a lost process (the watch interval is 0.8 s here)
+
+
+@pytest.fixture(scope='module')
+def env(tmp_path_factory):
+  cache = str(tmp_path_factory.mktemp('xla_cache'))
+  yield {**os.environ, 'JAX_COMPILATION_CACHE_DIR': cache,
+         'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0', 'JAX_PLATFORMS': 'cpu'}
+  compilation_cache.reset_cache()
+
+
+def losses(workdir) -> dict:
+  """{step: train loss}, the last row of a step winning (a resumed run repeats steps)."""
+  return {r['step']: r['loss'] for r in rundir.read_metrics(workdir) if r['split'] == 'train'}
+
+
+def params_of(workdir):
+  return jax.tree.map(np.asarray, rundir.load_run(workdir).params)
+
+
+def finished(workdir) -> list[int]:
+  return rundir.checkpoint_steps(workdir)
+
+
+@pytest.fixture(scope='module')
+def reference(env, tmp_path_factory):
+  """The uninterrupted two-process run (2 x 2 devices): (workdir, losses, final parameters)."""
+  tmp = tmp_path_factory.mktemp('reference')
+  pod = Pod(str(tmp / 'run'), 2, 2, env, STEPS, logs_dir=str(tmp))
+  assert [c for c, _ in pod.run()] == [0, 0], pod.tails()
+  got = losses(pod.workdir)
+  assert sorted(got) == list(range(1, STEPS + 1))
+  return pod.workdir, got, params_of(pod.workdir)
+
+
+def _stopped_together(pod: Pod, codes, who: str):
+  """Every process exited 0 within STOP_BOUND, after the same step, which was saved."""
+  assert [c for c, _ in codes] == [0] * pod.processes, pod.tails()
+  assert max(t for _, t in codes) < STOP_BOUND, codes
+  text = pod.text(0)
+  stop = [int(s) for s in re.findall(r'Interrupted \(.*\) at step (\d+)', text)]
+  assert stop and f'received by {who}' in text, text[-2000:]
+  assert finished(pod.workdir)[-1] == stop[-1], (finished(pod.workdir), stop)
+  return stop[-1]
+
+
+def _check_saved(workdir: str, processes: int):
+  """The newest checkpoint holds every process's array shards and one data position."""
+  step = finished(workdir)[-1]
+  state = storage.listdir(storage.join(workdir, 'checkpoints', str(step), 'state'))
+  assert {f'ocdbt.process_{i}' for i in range(processes)} <= set(state), state
+  data = storage.listdir(storage.join(workdir, 'checkpoints', str(step), 'data'))
+  assert ckpt_lib.POSITION in data, data
+  return step
+
+
+def test_two_processes_through_signals_and_lost_processes(reference, env, tmp_path):
+  ref_dir, ref_losses, ref_params = reference
+  pod = Pod(str(tmp_path / 'run'), 2, 2, env, STEPS, logs_dir=str(tmp_path))
+
+  # 1. SIGTERM to process 1 alone, mid-step: both stop after the same step and save.
+  pod.start()
+  pod.wait_for(lambda: pod.last_step() >= 6)
+  pod.signal(1, signal.SIGTERM)
+  s1 = _stopped_together(pod, pod.wait(STOP_BOUND), 'process 1')
+  _check_saved(pod.workdir, 2)
+
+  # 2. SIGTERM to both, 3 s apart (process 0 first).
+  pod.start()
+  pod.wait_for(lambda: pod.last_step() >= s1 + 4)
+  pod.signal(0, signal.SIGTERM)
+  time.sleep(3)
+  pod.signal(1, signal.SIGTERM)
+  s2 = _stopped_together(pod, pod.wait(STOP_BOUND), 'process 0')
+  assert s2 > s1
+
+  # 3. SIGTERM to both at once while a checkpoint is being written.
+  pod.start()
+  pod.wait_for(lambda: pod.last_step() > s2 and pod.saving(), poll=0.005)
+  pod.signal(0, signal.SIGTERM)
+  pod.signal(1, signal.SIGTERM)
+  s3 = _stopped_together(pod, pod.wait(STOP_BOUND), 'processes 0, 1')
+  _check_saved(pod.workdir, 2)
+
+  # 4. SIGTERM to process 1 while the step compiles (after start-up, before the first step).
+  pod.start()
+  pod.wait_for(lambda: pod.logged(f'resuming at step {s3}'), poll=0.005)
+  pod.signal(1, signal.SIGTERM)
+  s4 = _stopped_together(pod, pod.wait(STOP_BOUND), 'process 1')
+  assert s4 >= s3
+
+  # 5. kill -9 of process 1 mid-step: process 0 stops within the heartbeat bound, one paragraph.
+  pod.start()
+  pod.wait_for(lambda: pod.last_step() >= s4 + 5)
+  before = finished(pod.workdir)
+  pod.kill(1)
+  (code0, took0), (code1, _) = pod.wait(LOST_BOUND)
+  assert code1 == -signal.SIGKILL and code0 == liveness.EXIT_LOST_PROCESS, pod.tails()
+  text = pod.text(0)
+  assert 'Process 0 of 2 stops: process 1 sent no heartbeat for 4 s' in text, text[-2000:]
+  assert 'run the same command on every host again and it resumes from step' in text
+  assert 'Traceback' not in text and 'Check failure' not in text, text[-3000:]
+  assert took0 < LOST_BOUND
+  assert set(before) <= set(finished(pod.workdir))
+
+  # 6. kill -9 of process 0, the coordinator, mid-save: process 1 ends at once (JAX aborts it).
+  pod.start()
+  pod.wait_for(lambda: pod.last_step() > s4 + 5 and pod.saving(), poll=0.005)
+  before = finished(pod.workdir)
+  pod.kill(0)
+  (code0, _), (code1, took1) = pod.wait(LOST_BOUND)
+  assert code0 == -signal.SIGKILL and code1 != 0 and took1 < 15, (code1, took1, pod.tails())
+  assert 'JAX distributed service detected fatal errors' in pod.text(1)  # docs/faults.md
+  assert set(before) <= set(finished(pod.workdir))
+
+  # 7. The same command to the end: the uninterrupted run's losses and parameters, bitwise.
+  assert [c for c, _ in pod.run()] == [0, 0], pod.tails()
+  assert losses(pod.workdir) == ref_losses
+  jax.tree.map(np.testing.assert_array_equal, params_of(pod.workdir), ref_params)
+  del ref_dir
+
+
+def _stream_hashes(start: int, count: int, position=None) -> list[str]:
+  """Token hashes of the global batches `start`..`start + count - 1` of the pod's data (from a
+  fresh iterator advanced `start` steps, or one set to a saved `position`)."""
+  from configs import g1_elementwise  # pylint: disable=g-import-not-at-top
+  c = g1_elementwise.get_config('tiny')
+  c.update_from_flattened_dict(OVERRIDES)
+  data = input_pipeline.build_data(c.data, global_batch_size=c.train.batch_size, seed=c.seed)
+  if position is None:
+    for _ in range(start):
+      next(data.train_iter)
+  else:
+    data.train_iter.set_state(position)
+  return [hashlib.sha256(next(data.train_iter)['inputs'].tobytes()).hexdigest()
+          for _ in range(count)]
+
+
+def _check_resumes_the_stream(workdir: str, step: int):
+  """The batches after checkpoint `step` are the uninterrupted stream's after `step` steps."""
+  path = storage.join(workdir, 'checkpoints', str(step), 'data', ckpt_lib.POSITION)
+  position = json.loads(storage.read_text(path))
+  assert _stream_hashes(step, 3, position) == _stream_hashes(step, 3)
+
+
+def test_elastic_resumption_and_four_processes(reference, env, tmp_path):
+  _, ref_losses, _ = reference
+  workdir = str(tmp_path / 'run')
+
+  def launch(processes, devices, steps, **extra):
+    return Pod(workdir, processes, devices, env, steps, logs_dir=str(tmp_path), extra=extra)
+
+  # 2 x 2 devices to step 10, then 1 x 4 (2 -> 1), 2 x 2 (1 -> 2), 4 x 2 (2 -> 4).
+  changes = []
+  for processes, devices, until in ((2, 2, 10), (1, 4, 20), (2, 2, 30)):
+    pod = launch(processes, devices, until)
+    assert [c for c, _ in pod.run()] == [0] * processes, pod.tails()
+    if changes:
+      assert pod.logged(f'Resuming step {changes[-1]} on {processes} process'), pod.text(0)[:2000]
+    _check_resumes_the_stream(workdir, _check_saved(workdir, processes))
+    changes.append(until)
+
+  # Four processes: SIGTERM to process 3 alone; kill -9 of process 2; then on to step 45.
+  pod = launch(4, 2, 45)
+  pod.start()
+  pod.wait_for(lambda: pod.last_step() >= 34)
+  assert pod.logged('Resuming step 30 on 4 process'), pod.text(0)[:2000]
+  pod.signal(3, signal.SIGTERM)
+  stop = _stopped_together(pod, pod.wait(STOP_BOUND), 'process 3')
+  _check_resumes_the_stream(workdir, _check_saved(workdir, 4))
+  pod = launch(4, 2, 45)
+  pod.start()
+  pod.wait_for(lambda: pod.last_step() >= stop + 3)
+  pod.kill(2)
+  codes = pod.wait(LOST_BOUND)
+  assert codes[2][0] == -signal.SIGKILL, pod.tails()
+  for i in (0, 1, 3):   # every survivor: one paragraph, exit 75 (or JAX's abort once 0 is gone)
+    assert codes[i][0] != 0 and codes[i][1] < LOST_BOUND, (i, codes, pod.tails())
+  assert codes[0][0] == liveness.EXIT_LOST_PROCESS
+  assert 'process 2 sent no heartbeat' in pod.text(0), pod.text(0)[-2000:]
+  pod = launch(4, 2, 45)
+  assert [c for c, _ in pod.run()] == [0] * 4, pod.tails()
+
+  # 8 devices in one process, then 4 with grad_accum doubled.
+  for devices, until, accum in ((8, 50, 1), (4, STEPS, 2)):
+    pod = launch(1, devices, until, **{'train.grad_accum': accum})
+    assert [c for c, _ in pod.run()] == [0], pod.tails()
+    _check_resumes_the_stream(workdir, _check_saved(workdir, 1))
+
+  # Float rounding apart (another reduction order on another device count, micro-batches
+  # summed in another order), the losses are the uninterrupted run's.
+  got = losses(workdir)
+  assert sorted(got) == list(range(1, STEPS + 1))
+  for step in range(1, STEPS + 1):
+    assert got[step] == pytest.approx(ref_losses[step], rel=2e-4, abs=2e-4), step
+
+
+def test_two_processes_on_object_storage(reference, env, gcs, tmp_path):
+  """The same events with the run directory on gs:// (fake-gcs-server): SIGTERM to one process,
+  kill -9 of one, and the run to its end equal to the local uninterrupted run, bitwise."""
+  _, ref_losses, ref_params = reference
+  pod = Pod(gcs.url('run'), 2, 2, env, STEPS, logs_dir=str(tmp_path))
+  pod.start()
+  pod.wait_for(lambda: pod.last_step() >= 8)
+  pod.signal(1, signal.SIGTERM)
+  stop = _stopped_together(pod, pod.wait(STOP_BOUND), 'process 1')
+  _check_saved(pod.workdir, 2)
+  pod.start()
+  pod.wait_for(lambda: pod.last_step() >= stop + 14)
+  before = finished(pod.workdir)
+  pod.kill(1)
+  (code0, _), _ = pod.wait(LOST_BOUND)
+  assert code0 == liveness.EXIT_LOST_PROCESS, pod.tails()
+  assert set(before) <= set(finished(pod.workdir))
+  assert [c for c, _ in pod.run()] == [0, 0], pod.tails()
+  assert losses(pod.workdir) == ref_losses
+  jax.tree.map(np.testing.assert_array_equal, params_of(pod.workdir), ref_params)
