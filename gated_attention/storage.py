@@ -103,6 +103,13 @@ def _written(path: str):
     instance.invalidate_cache(p)
 
 
+def forget_listings(path: str):
+  """Listings of `path` are read afresh from now on (a reader in a long-lived process, such as
+  a notebook, must see the checkpoints a trainer wrote since it last looked). Local: nothing."""
+  if is_remote(path):
+    _written(path)
+
+
 def _url(path: str, fs_path: str) -> str:
   return f'{scheme(path)}://{fs_path}'
 

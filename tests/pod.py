@@ -10,6 +10,7 @@ the way a cluster's events reach a real pod's hosts (tests/test_multihost_faults
 """
 
 import dataclasses
+import itertools
 import os
 import re
 import signal
@@ -30,6 +31,9 @@ HEARTBEAT = 4        # distributed.heartbeat_timeout of the pods here (seconds)
 STOP_TIMEOUT = 90    # train.stop_timeout
 
 
+_LAUNCHES = itertools.count(1)   # numbers every launch's logs in this process
+
+
 def free_port() -> int:
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
@@ -47,7 +51,7 @@ class Pod:
   extra: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    self.procs, self.logs, self.event_time, self.launches = [], [], None, 0
+    self.procs, self.logs, self.event_time = [], [], None
 
   def command(self, i: int, port: int) -> list[str]:
     overrides = {**OVERRIDES, 'train.steps': self.steps, 'train.stop_timeout': STOP_TIMEOUT,
@@ -62,17 +66,17 @@ class Pod:
              f'--workdir={self.workdir}'] + [f'--config.{k}={v}' for k, v in overrides.items()])
 
   def start(self):
-    """Starts every process of the pod (a launch: logs launch<k>_p<i>.txt)."""
+    """Starts every process of the pod (a launch: logs launch<k>_p<i>.txt in logs_dir)."""
     port = free_port()
     env = {k: v for k, v in self.env.items()
            if k not in ('JAX_COORDINATOR_ADDRESS', 'SLURM_STEP_ID', 'OMPI_COMM_WORLD_SIZE',
                         'TPU_WORKER_HOSTNAMES', 'MEGASCALE_COORDINATOR_ADDRESS')}
     env.update(JAX_PLATFORMS='cpu', JAX_COORDINATOR_BIND_ADDRESS=f'127.0.0.1:{port}',
                XLA_FLAGS=f'--xla_force_host_platform_device_count={self.devices}')
-    self.launches += 1
+    launch = next(_LAUNCHES)
     self.procs, self.logs, self.event_time = [], [], None
     for i in range(self.processes):
-      path = os.path.join(self.logs_dir, f'launch{self.launches}_p{i}.txt')
+      path = os.path.join(self.logs_dir, f'launch{launch}_p{i}.txt')
       log = open(path, 'w+')  # pylint: disable=consider-using-with
       self.logs.append((path, log))
       self.procs.append(subprocess.Popen(self.command(i, port), cwd=REPO, env=env, stdout=log,

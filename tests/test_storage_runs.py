@@ -270,3 +270,20 @@ def test_import_from_a_model_directory_on_gcs(env, gcs, tmp_path):
                     f'--workdir={gcs.url("runs/none")}'], env)
   assert empty.returncode != 0 and 'holds no files' in empty.stderr
   assert storage.listdir(gcs.url('runs/none')) == []
+
+
+def test_a_reader_sees_the_checkpoints_written_since_it_last_listed(gcs):
+  """A long-lived reader (a notebook, the test process of a pod) lists a gs:// run, a trainer
+  elsewhere commits a new step, and the next listing shows it: orbax's gcsfs instance caches
+  listings (issue 45's gs:// pod test read a run with no checkpoint at all after its trainer
+  rotated the ones it had listed)."""
+  from google.cloud import storage as gcs_client  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  hf = os.path.join(REPO, 'tests', 'fixtures', 'hf', 'elementwise_tied')
+  workdir = gcs.url('runs/reader')
+  interop.import_run(hf, workdir)
+  assert rundir.checkpoint_steps(workdir) == [0]
+  bucket = gcs_client.Client(project='test').bucket(gcs.name)
+  for blob in list(bucket.list_blobs(prefix='runs/reader/checkpoints/0/')):   # another writer
+    bucket.copy_blob(blob, bucket, blob.name.replace('/checkpoints/0/', '/checkpoints/7/'))
+  assert rundir.checkpoint_steps(workdir) == [0, 7]

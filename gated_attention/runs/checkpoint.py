@@ -132,6 +132,31 @@ def _settings(shapes: dict) -> dict:
   return out
 
 
+def step_dirs(workdir: str) -> list[int]:
+  """The step folders under RUN/checkpoints, finished or not, from a listing alone. Where every
+  process must decide alike (a multi-process run's start), this and not a CheckpointManager: a
+  manager's creation synchronises the processes, and one process could create one while another,
+  which saw no checkpoints/ yet, does not (a mismatched barrier)."""
+  directory = storage.join(storage.abspath(workdir), CHECKPOINTS_DIR)
+  if not storage.isdir(directory):
+    return []
+  return sorted(int(n) for n in storage.listdir(directory) if n.isdigit())
+
+
+def saved_stream_count(workdir: str) -> int | None:
+  """N where the newest checkpoint with a data position holds one per process of N > 1
+  processes (runs saved before issue 45, whose data streams are per process); else None. From
+  listings alone (step_dirs)."""
+  directory = storage.join(storage.abspath(workdir), CHECKPOINTS_DIR)
+  for step in reversed(step_dirs(workdir)):
+    data = storage.join(directory, str(step), 'data')
+    names = storage.listdir(data) if storage.isdir(data) else []
+    count = per_process_count(names)
+    if POSITION in names or count is not None:
+      return count if POSITION not in names and count > 1 else None
+  return None
+
+
 def per_process_count(names: list[str]) -> int | None:
   """The process count N of the per-process data positions (process_<i>-of-<N>.json) among a
   checkpoint's data files, or None where there are none."""
@@ -152,6 +177,7 @@ class Checkpointer:
                read_only: bool = False):
     self.directory = storage.join(storage.abspath(workdir), CHECKPOINTS_DIR)
     self.remote = storage.is_remote(self.directory)
+    storage.forget_listings(self.directory)   # orbax's gcsfs caches them: see today's steps
     policy = ocp.checkpoint_managers
     level = lambda m: m['loss_level']  # noqa: E731
     preserve = policy.AnyPreservationPolicy([
@@ -376,16 +402,6 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except  # unreadable, truncated, not JSON
       raise CheckpointError(f'its data position is unreadable ({_reason(e)})') from e
 
-  def per_process_streams(self) -> int | None:
-    """N where the newest checkpoint with a data position holds one per process of N > 1
-    processes (runs saved before issue 45, whose data streams are per process); else None."""
-    for step in reversed(self.all_steps()):
-      data = storage.join(self.directory, str(step), 'data')
-      if storage.isdir(data):
-        names = storage.listdir(data)
-        count = None if POSITION in names else per_process_count(names)
-        return count if count and count > 1 else None
-    return None
 
   def set_aside(self, step: int) -> str:
     """Moves an unusable step out of orbax's view (kept for inspection, never deleted): a rename,

@@ -141,13 +141,7 @@ def _per_process_streams(workdir: str) -> bool:
   """Whether the run was saved by several processes with a data stream each (before issue
   45): then it resumes so, with that process count only (refused otherwise, before anything is
   written). Every other run reads one global stream and resumes on any number of processes."""
-  if not workdir_lib.checkpoint_steps(workdir):
-    return False
-  reader = ckpt_lib.Checkpointer(workdir, read_only=True)
-  try:
-    count = reader.per_process_streams()
-  finally:
-    reader.close()
+  count = ckpt_lib.saved_stream_count(workdir)
   if count is not None and count != jax.process_count():
     raise CheckpointError(
         f'{workdir} was saved by {count} processes, each reading its own data stream (the data '
@@ -232,7 +226,7 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
   data.train_iter = prefetch.DevicePrefetch(
       data.train_iter, functools.partial(setup.global_batch, whole=not per_process),
       config.data.get('device_prefetch', 2))
-  if tc.init_from and not workdir_lib.checkpoint_steps(workdir):   # before anything is written
+  if tc.init_from and not ckpt_lib.step_dirs(workdir):   # before anything is written
     _check_init_from(tc.init_from, setup.abstract_params)
   checkpointer = ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
                                        keep=tc.keep_checkpoints)
