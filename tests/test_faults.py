@@ -340,13 +340,13 @@ def poison(monkeypatch, first: int, count: int):
   loss and every gradient are NaN); returns the list of poisoned steps (filled as they run)."""
   hit, step = [], loop._step
 
-  def poisoned(run, batch):
+  def poisoned(run, batch, *rest):
     if run.step + 1 >= first and len(hit) < count:
       hit.append(run.step + 1)
       mask = np.array(batch['loss_mask'])
       mask[0, 0] = np.nan
       batch = {**batch, 'loss_mask': jax.device_put(mask, batch['loss_mask'].sharding)}
-    return step(run, batch)
+    return step(run, batch, *rest)
   monkeypatch.setattr(loop, '_step', poisoned)
   return hit
 
@@ -450,12 +450,12 @@ def test_failed_async_save_stops_the_run_at_the_next_step(reference, tmp_path, m
   calls = fail_second_save(monkeypatch)
   step = loop._step
 
-  def step_after_the_failure(run, batch):
+  def step_after_the_failure(run, batch, *rest):
     if run.step == 20:
       deadline = time.time() + 60
       while run.checkpointer.manager.is_saving_in_progress() and time.time() < deadline:
         time.sleep(0.01)
-    return step(run, batch)
+    return step(run, batch, *rest)
   monkeypatch.setattr(loop, '_step', step_after_the_failure)
   with pytest.raises(ckpt_lib.CheckpointError, match='No space left on device') as e:
     loop.run(config(), workdir)

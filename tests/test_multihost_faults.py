@@ -4,8 +4,8 @@ is lost or damaged, and the same command resumes to the uninterrupted run's loss
 where the process count is unchanged; to float rounding where it changes, the global batches
 being equal: their token hashes are checked).
 
-- two processes, local disk: SIGTERM to one process mid-step, to both 3 s apart, to both at once
-  mid-save, to one during compilation; kill -9 of process 1 mid-step and of process 0 (the
+- two processes, local disk: SIGTERM to one process mid-step, to both 3 s apart, to both 1 s
+  apart during an evaluation, to both at once mid-save, to one during compilation; kill -9 of process 1 mid-step and of process 0 (the
   coordinator) mid-save; then the run to its end.
 - elastic: 2 -> 1 -> 2 -> 4 processes, with SIGTERM to one of four and kill -9 of one of four on
   the way, then 8 -> 4 devices in one process with grad_accum doubled.
@@ -123,6 +123,17 @@ def test_two_processes_through_signals_and_lost_processes(reference, env, tmp_pa
   pod.signal(1, signal.SIGTERM)
   s2 = _stopped_together(pod, pod.wait(STOP_BOUND), 'process 0')
   assert s2 > s1
+
+  # 2b. SIGTERM to both, 1 s apart (process 1 first), during an evaluation (right after the
+  # log line of the next step that evaluates: its evaluation follows the line).
+  evaluates = (s2 // 10 + 1) * 10
+  pod.start()
+  pod.wait_for(lambda: pod.logged(rf'step {evaluates}/'), poll=0.005)
+  pod.signal(1, signal.SIGTERM)
+  time.sleep(1)
+  pod.signal(0, signal.SIGTERM)
+  s2 = _stopped_together(pod, pod.wait(STOP_BOUND), 'process')
+  assert s2 >= evaluates and pod.logged(f'step {evaluates}: val loss')
 
   # 3. SIGTERM to both at once while a checkpoint is being written.
   pod.start()

@@ -132,15 +132,29 @@ def _settings(shapes: dict) -> dict:
   return out
 
 
+@contextlib.contextmanager
+def readable(directory: str):
+  """A checkpoints directory that cannot be listed (permissions; etils raises from deep in
+  orbax) as one CheckpointError."""
+  try:
+    yield
+  except OSError as e:
+    raise CheckpointError(
+        f'Cannot read the checkpoints directory {directory}: {type(e).__name__}: '
+        f'{e.strerror or e}{f" ({e.filename})" if e.filename else ""}. Check its permissions '
+        '(and the user this runs as), or pass another --workdir.') from e
+
+
 def step_dirs(workdir: str) -> list[int]:
   """The step folders under RUN/checkpoints, finished or not, from a listing alone. Where every
   process must decide alike (a multi-process run's start), this and not a CheckpointManager: a
   manager's creation synchronises the processes, and one process could create one while another,
   which saw no checkpoints/ yet, does not (a mismatched barrier)."""
   directory = storage.join(storage.abspath(workdir), CHECKPOINTS_DIR)
-  if not storage.isdir(directory):
-    return []
-  return sorted(int(n) for n in storage.listdir(directory) if n.isdigit())
+  with readable(directory):
+    if not storage.isdir(directory):
+      return []
+    return sorted(int(n) for n in storage.listdir(directory) if n.isdigit())
 
 
 def saved_stream_count(workdir: str) -> int | None:
@@ -150,7 +164,8 @@ def saved_stream_count(workdir: str) -> int | None:
   directory = storage.join(storage.abspath(workdir), CHECKPOINTS_DIR)
   for step in reversed(step_dirs(workdir)):
     data = storage.join(directory, str(step), 'data')
-    names = storage.listdir(data) if storage.isdir(data) else []
+    with readable(directory):
+      names = storage.listdir(data) if storage.isdir(data) else []
     count = per_process_count(names)
     if POSITION in names or count is not None:
       return count if POSITION not in names and count > 1 else None
@@ -204,17 +219,8 @@ class Checkpointer:
     self._issued = None        # the step of the last save started by this process
     self._committed = None     # a step known to be written (the one restored, or a finished save)
 
-  @contextlib.contextmanager
   def _readable(self):
-    """A checkpoints directory that cannot be listed (permissions; etils raises from deep in
-    orbax) as one CheckpointError."""
-    try:
-      yield
-    except OSError as e:
-      raise CheckpointError(
-          f'Cannot read the checkpoints directory {self.directory}: {type(e).__name__}: '
-          f'{e.strerror or e}{f" ({e.filename})" if e.filename else ""}. Check its permissions '
-          '(and the user this runs as), or pass another --workdir.') from e
+    return readable(self.directory)
 
   def all_steps(self) -> list[int]:
     """Steps of the finished checkpoints (unfinished temporaries are not listed)."""
