@@ -169,20 +169,20 @@ def _libraries_log_to(log_dir: str):
   import shutil  # pylint: disable=g-import-not-at-top
   from gated_attention import storage  # pylint: disable=g-import-not-at-top
   if storage.is_remote(log_dir):     # object storage: written here, copied there at the exit
-    import tempfile  # pylint: disable=g-import-not-at-top
-    local = tempfile.mkdtemp(prefix='gated_attention_logs_')
+    from gated_attention import scratch  # pylint: disable=g-import-not-at-top
+    local = scratch.make('gated_attention_logs_')   # a killed command's are removed here
 
     def upload():
       try:
         logging.get_absl_handler().flush()
-        for name in os.listdir(local):
+        for name in scratch.files(local):
           path = os.path.join(local, name)
           if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path):
             with open(path, 'rb') as f:
               storage.write(storage.join(log_dir, name), f.read())
       except Exception:  # pylint: disable=broad-except  # logs are a convenience; never fail on them
         pass
-      shutil.rmtree(local, ignore_errors=True)
+      scratch.remove(local)
     atexit.register(upload)
     logging.get_absl_handler().use_absl_log_file('main', local)
     std_logging.raiseExceptions = False
