@@ -17,7 +17,8 @@ Object storage is not a file system, and the callers are written for what it has
 Clients: gcsfs (fsspec) for files and listings, google-cloud-storage for the preconditions
 (`Object`), both reading STORAGE_EMULATOR_HOST when it is set (tests: fake-gcs-server).
 `check_reachable(path)` turns a missing bucket, missing credentials or an unreachable endpoint
-into one paragraph before any work starts.
+into one paragraph before any work starts; with `write`, a bucket or folder name that GCS or one
+of the clients cannot carry too (storage_names.py).
 """
 
 import contextlib
@@ -29,7 +30,8 @@ import posixpath
 import re
 import tempfile
 
-from gated_attention.errors import UserError
+from gated_attention import storage_names
+from gated_attention.errors import StorageError  # noqa: F401  (storage.StorageError, as before)
 
 # gcsfs's default file system asks the storage-control API for every bucket's layout first (a
 # gRPC call that waits 60 s where that API is not served, as on an emulator); the plain JSON-API
@@ -40,10 +42,6 @@ os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
 # (GATED_ATTENTION_STORAGE_TIMEOUT_S overrides it).
 REACH_TIMEOUT_S = float(os.environ.get('GATED_ATTENTION_STORAGE_TIMEOUT_S', 30.0))
 _SCHEME = re.compile(r'^([a-zA-Z][a-zA-Z0-9+.-]*)://')
-
-
-class StorageError(UserError, OSError):
-  """Object storage that cannot be used (bucket, credentials, endpoint); names the fix."""
 
 
 def scheme(path: str) -> str | None:
@@ -121,14 +119,23 @@ def _errors(path: str, what: str):
     raise StorageError(_explain(path, what, e)) from e
 
 
+def _whole(e: Exception, limit: int = 1600) -> str:
+  """The error on one line, whole: the root cause (`[Errno 111] Connection refused`) is at its
+  end, and a cut at 300 characters left "[Errno 11." (issue 50). Only a message longer than
+  `limit` loses its middle."""
+  text = ' '.join(f'{type(e).__name__}: {e}'.split())
+  return text if len(text) <= limit else f'{text[:limit // 2]} ... {text[-limit // 2:]}'
+
+
 def _explain(path: str, what: str, e: Exception) -> str:
-  text = f'{type(e).__name__}: {e}'.strip().splitlines()[0][:300]
+  text = _whole(e)
   low = text.lower()
-  if 'credential' in low or 'unauthorized' in low or '401' in low or 'anonymous caller' in low:
+  if ('credential' in low or 'unauthorized' in low or re.search(r'\b401\b', low)
+      or 'anonymous caller' in low):
     fix = ('no usable Google Cloud credentials. On a TPU VM or GCE the machine\'s service account '
            'is used (give it roles/storage.objectAdmin on the bucket); elsewhere run `gcloud auth '
            'application-default login` or set GOOGLE_APPLICATION_CREDENTIALS to a key file')
-  elif '403' in low or 'forbidden' in low or 'permission' in low:
+  elif re.search(r'\b403\b', low) or 'forbidden' in low or 'permission' in low:
     fix = ('the credentials in use may not do this; grant them roles/storage.objectAdmin on the '
            'bucket (or pass a --workdir in a bucket they can write)')
   elif 'connect' in low or 'timeout' in low or 'timed out' in low or 'resolve' in low:
@@ -475,9 +482,10 @@ def check_reachable(path: str, *, write: bool):
     return
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
   from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
+  storage_names.check_bucket(path)    # a name no bucket can have is not one to create
+  if write:                            # a folder written to: names every client carries as is
+    storage_names.check_folder(path)
   bucket, name = _bucket_and_name(path)
-  if not bucket:
-    raise StorageError(f'{path} names no bucket; write gs://BUCKET/path.')
   try:
     client = _gcs_client()
     b = client.bucket(bucket)
@@ -496,6 +504,14 @@ def check_reachable(path: str, *, write: bool):
                    f'.write_probe.{os.getpid()}')
     probe.write(b'', if_generation=0)
     probe.delete(if_generation=probe.generation())
+
+
+def check_folder(path: str, what: str = 'a run directory or output folder'):
+  """A one-paragraph StorageError if the gs:// folder `path` has a bucket GCS cannot have or a
+  name some client would not carry unchanged (storage_names.py: `#`, `?`, `%` ...); nothing for
+  a local path. Readers of a run check it too: orbax would read another folder's arrays."""
+  if scheme(path) == 'gs':
+    storage_names.check_folder(path, what)
 
 
 def check_writable(directory: str, what: str, fix: str):

@@ -244,6 +244,7 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   """The run's saved config (config.json) as a ConfigDict, fields added since it was saved
   at their defaults."""
   path = storage.join(workdir, CONFIG_FILE)
+  storage.check_folder(workdir)        # orbax would read the arrays of another folder
   if not storage.isdir(workdir):
     raise RunError(f'{workdir!r} is not a directory; pass the --workdir of a training run.')
   if not storage.isfile(path):
@@ -353,6 +354,7 @@ def read_long_context(workdir: str, tag: str) -> dict | None:
 def checkpoint_steps(workdir: str) -> list[int]:
   """Steps of the finished checkpoints (unfinished orbax temporaries are ignored)."""
   from gated_attention.runs import checkpoint  # pylint: disable=g-import-not-at-top
+  storage.check_folder(workdir)
   if not storage.isdir(storage.join(workdir, checkpoint.CHECKPOINTS_DIR)):
     return []
   ckpt = checkpoint.Checkpointer(workdir, read_only=True)
