@@ -25,6 +25,9 @@ from gated_attention.errors import UserError
 def _fail(message: str):
   print('\n'.join(textwrap.fill(line, 100) for line in message.splitlines()), file=sys.stderr)
   print('(--verbosity=1 or GATED_ATTENTION_TRACEBACK=1 shows the traceback.)', file=sys.stderr)
+  from gated_attention import storage_waits  # pylint: disable=g-import-not-at-top
+  if storage_waits.abandoned():   # threads stuck on a stalled storage: Python would join them
+    storage_waits.exit_now(status=1)
   sys.exit(1)
 
 
@@ -133,6 +136,8 @@ def main(argv):
   if not FLAGS['verbosity'].present:  # orbax logs every save at INFO; -v 0 shows it again
     logging.set_verbosity(logging.WARNING)
   from gated_attention import console  # pylint: disable=g-import-not-at-top
+  from gated_attention import storage_waits  # pylint: disable=g-import-not-at-top
+  storage_waits.own_process()      # a stalled storage may end this process (storage_waits.py)
   try:
     with console.without_event_loop_noise():
       dispatch(_args(argv[1:]), keep_logs_on_console=FLAGS['verbosity'].present)

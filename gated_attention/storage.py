@@ -31,6 +31,7 @@ import re
 import tempfile
 
 from gated_attention import storage_names
+from gated_attention import storage_waits
 from gated_attention.errors import StorageError  # noqa: F401  (storage.StorageError, as before)
 
 # gcsfs's default file system asks the storage-control API for every bucket's layout first (a
@@ -101,6 +102,13 @@ def _written(path: str):
     instance.invalidate_cache(p)
 
 
+def _timeout(nbytes: int = 0) -> float:
+  """The bound on one remote request moving `nbytes` (storage_waits.py): passed to gcsfs, whose
+  own retries (6, each up to aiohttp's 5 minutes) would otherwise wait half an hour on an
+  endpoint that stopped answering."""
+  return storage_waits.request_timeout(nbytes)
+
+
 def _url(path: str, fs_path: str) -> str:
   return f'{scheme(path)}://{fs_path}'
 
@@ -129,6 +137,9 @@ def _whole(e: Exception, limit: int = 1600) -> str:
 
 def _explain(path: str, what: str, e: Exception) -> str:
   text = _whole(e)
+  if isinstance(e, TimeoutError):   # gcsfs's bound (fsspec's FSTimeoutError) has no message
+    text = (f'{type(e).__name__}: no answer within {_timeout():g} s (a bound on one request '
+            'with its retries: GATED_ATTENTION_STORAGE_REQUEST_S)')
   low = text.lower()
   if ('credential' in low or 'unauthorized' in low or re.search(r'\b401\b', low)
       or 'anonymous caller' in low):
@@ -153,7 +164,7 @@ def exists(path: str) -> bool:
     return os.path.exists(_local(path))
   fs, p = filesystem(path)
   with _errors(path, 'look up'):
-    return fs.exists(p)
+    return fs.exists(p, timeout=_timeout())
 
 
 def isdir(path: str) -> bool:
@@ -161,7 +172,7 @@ def isdir(path: str) -> bool:
     return os.path.isdir(_local(path))
   fs, p = filesystem(path)
   with _errors(path, 'look up'):
-    return fs.isdir(p)
+    return fs.isdir(p, timeout=_timeout())
 
 
 def isfile(path: str) -> bool:
@@ -169,7 +180,7 @@ def isfile(path: str) -> bool:
     return os.path.isfile(_local(path))
   fs, p = filesystem(path)
   with _errors(path, 'look up'):
-    return fs.isfile(p)
+    return fs.isfile(p, timeout=_timeout())
 
 
 def mtime(path: str) -> float:
@@ -178,7 +189,7 @@ def mtime(path: str) -> float:
     return os.path.getmtime(_local(path))
   fs, p = filesystem(path)
   with _errors(path, 'look up'):
-    return fs.modified(p).timestamp()
+    return fs.info(p, timeout=_timeout())['mtime'].timestamp()
 
 
 def getsize(path: str) -> int:
@@ -186,7 +197,7 @@ def getsize(path: str) -> int:
     return os.path.getsize(_local(path))
   fs, p = filesystem(path)
   with _errors(path, 'look up'):
-    return int(fs.size(p))
+    return int(fs.size(p, timeout=_timeout()))
 
 
 def listdir(path: str) -> list[str]:
@@ -199,7 +210,7 @@ def listdir(path: str) -> list[str]:
   fs, p = filesystem(path)
   with _errors(path, 'list'):
     try:
-      entries = fs.ls(p, detail=False, refresh=True)
+      entries = fs.ls(p, detail=False, refresh=True, timeout=_timeout())
     except FileNotFoundError:
       return []
   return sorted({posixpath.basename(e.rstrip('/')) for e in entries} - {''})
@@ -212,7 +223,7 @@ def glob(pattern: str) -> list[str]:
     return sorted(p for p in glob_lib.glob(pattern, recursive=True) if os.path.isfile(p))
   fs, p = filesystem(pattern)
   with _errors(pattern, 'list'):
-    found = fs.glob(p, detail=True)
+    found = fs.glob(p, detail=True, timeout=_timeout())
   return sorted(_url(pattern, k) for k, v in found.items() if v.get('type') == 'file')
 
 
@@ -222,7 +233,7 @@ def glob_sizes(pattern: str) -> dict[str, int]:
     return {p: os.path.getsize(p) for p in glob(pattern)}
   fs, p = filesystem(pattern)
   with _errors(pattern, 'list'):
-    found = fs.glob(p, detail=True)
+    found = fs.glob(p, detail=True, timeout=_timeout())
   return {_url(pattern, k): int(v['size']) for k, v in sorted(found.items())
           if v.get('type') == 'file'}
 
@@ -250,7 +261,7 @@ def read_bytes(path: str) -> bytes:
       return f.read()
   fs, p = filesystem(path)
   with _errors(path, 'read'):
-    return fs.cat_file(p)
+    return fs.cat_file(p, timeout=_timeout())
 
 
 def read_text(path: str) -> str:
@@ -270,7 +281,7 @@ def write(path: str, data: bytes | str):
     return
   fs, p = filesystem(path)
   with _errors(path, 'write'):
-    fs.pipe_file(p, data)
+    fs.pipe_file(p, data, timeout=_timeout(len(data)))
 
 
 def create(path: str, data: bytes | str) -> bool:
@@ -294,7 +305,7 @@ def remove(path: str):
     return
   fs, p = filesystem(path)
   with _errors(path, 'delete'):
-    fs.rm_file(p)
+    fs.rm_file(p, timeout=_timeout())
   _written(path)
 
 
@@ -312,8 +323,8 @@ def remove_tree(path: str):
   fs, p = filesystem(path)
   _written(path)   # listings cached before another writer (orbax) added objects there
   with _errors(path, 'delete'):
-    if fs.exists(p):
-      fs.rm(p, recursive=True)
+    if fs.exists(p, timeout=_timeout()):
+      fs.rm(p, recursive=True, timeout=_timeout())
   _written(path)
 
 
@@ -326,8 +337,8 @@ def copy_tree(src: str, dst: str):
   fs, s = filesystem(src)
   _, d = filesystem(dst)
   with _errors(src, 'copy'):
-    for f in fs.find(s):
-      fs.copy(f, d + f[len(s):])
+    for f in fs.find(s, timeout=_timeout()):
+      fs.copy(f, d + f[len(s):], timeout=_timeout())
 
 
 def upload_tree(local_dir: str, remote: str):
@@ -338,7 +349,8 @@ def upload_tree(local_dir: str, remote: str):
     for d, _, files in os.walk(local_dir):
       for name in sorted(files):
         path = os.path.join(d, name)
-        fs.put_file(path, posixpath.join(r, os.path.relpath(path, local_dir).replace(os.sep, '/')))
+        fs.put_file(path, posixpath.join(r, os.path.relpath(path, local_dir).replace(os.sep, '/')),
+                    timeout=_timeout(os.path.getsize(path)))
 
 
 def download_tree(remote: str, local_dir: str):
@@ -346,18 +358,19 @@ def download_tree(remote: str, local_dir: str):
   (streamed to disk, not read whole into memory)."""
   fs, r = filesystem(remote)
   with _errors(remote, 'download'):
-    found = fs.find(r)
+    found = fs.find(r, detail=True, timeout=_timeout())
     if not found:
       raise FileNotFoundError(f'{remote} holds no files.')
-    for f in found:
+    for f, info in found.items():
       dst = os.path.join(local_dir, *f[len(r):].strip('/').split('/'))
       os.makedirs(os.path.dirname(dst), exist_ok=True)
-      fs.get_file(f, dst)
+      fs.get_file(f, dst, timeout=_timeout(int(info.get('size') or 0)))
 
 
 def _sizes(path: str) -> dict[str, int]:
   fs, p = filesystem(path)
-  return {f[len(p):]: int(i['size']) for f, i in fs.find(p, detail=True).items()}
+  found = fs.find(p, detail=True, timeout=_timeout())
+  return {f[len(p):]: int(i['size']) for f, i in found.items()}
 
 
 def move_tree(src: str, dst: str):
@@ -373,7 +386,7 @@ def move_tree(src: str, dst: str):
       raise StorageError(f'Copying {src} to {dst} did not give the same objects; {src} is left '
                          'as it was.')
     fs, s = filesystem(src)
-    fs.rm(s, recursive=True)
+    fs.rm(s, recursive=True, timeout=_timeout())
   _written(src)
   _written(dst)
 
@@ -388,6 +401,14 @@ def _gcs_client():
     return gcs.Client(project=os.environ.get('GOOGLE_CLOUD_PROJECT', 'emulator'),
                       credentials=AnonymousCredentials())
   return gcs.Client()
+
+
+def _request_bounds(nbytes: int = 0) -> dict:
+  """google-cloud-storage's timeout (one attempt) and retry (all attempts) within the bound on
+  one request (storage_waits.py); its defaults are 60 s an attempt, retried for 120 s."""
+  from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
+  bound = _timeout(nbytes)
+  return dict(timeout=min(60.0, bound), retry=retry.DEFAULT_RETRY.with_timeout(bound))
 
 
 def _bucket_and_name(path: str) -> tuple[str, str]:
@@ -424,7 +445,7 @@ class Object:
     blob = self._blob()
     with _errors(self.path, 'read'):
       try:
-        data = blob.download_as_bytes()
+        data = blob.download_as_bytes(**_request_bounds())
       except exceptions.NotFound:
         return None
     age = 0.0
@@ -438,7 +459,7 @@ class Object:
     blob = self._blob()
     with _errors(self.path, 'look up'):
       try:
-        blob.reload()
+        blob.reload(**_request_bounds())
       except exceptions.NotFound:
         return 0
     return int(blob.generation)
@@ -451,7 +472,8 @@ class Object:
     blob = self._blob()
     with _errors(self.path, 'write'):
       try:
-        blob.upload_from_string(data, if_generation_match=if_generation)
+        blob.upload_from_string(data, if_generation_match=if_generation,
+                                **_request_bounds(len(data)))
       except exceptions.PreconditionFailed:
         return 0
     return int(blob.generation)
@@ -463,7 +485,7 @@ class Object:
     blob = self._blob()
     with _errors(self.path, 'delete'):
       try:
-        blob.delete(if_generation_match=if_generation)
+        blob.delete(if_generation_match=if_generation, **_request_bounds())
       except (exceptions.PreconditionFailed, exceptions.NotFound):
         return False
     return True
@@ -548,5 +570,5 @@ def upload_file(local_path: str, path: str):
     return
   fs, p = filesystem(path)
   with _errors(path, 'upload to'):
-    fs.put_file(local_path, p)
+    fs.put_file(local_path, p, timeout=_timeout(os.path.getsize(local_path)))
   _written(path)

@@ -50,6 +50,7 @@ import time
 import jax
 
 from gated_attention import storage
+from gated_attention import storage_waits
 from gated_attention.errors import CheckpointError
 from gated_attention.runs.rundir import LOCK_FILE
 
@@ -153,6 +154,11 @@ class RunLock:
     self._mine = None
     self._stop = threading.Event()
     self._thread = None
+    self._refreshing = threading.Lock()   # the heartbeat thread's beats and check()'s
+    self._heard = 0.0           # when a heartbeat was last written (or the lock taken)
+    self._unheard = None        # why the last heartbeat could not be written
+    self._unsure = []           # heartbeats sent whose answer was lost: the server may yet
+                                # write them (object storage), so they are still ours
 
   # -- the file ---------------------------------------------------------------------------------
 
@@ -220,7 +226,7 @@ class RunLock:
     if not taken:
       raise CheckpointError(f'Could not take the lock file {self.path}: other trainers keep '
                             'taking it; make sure only one trainer runs in this directory.')
-    self._mine, self.held = mine, True
+    self._mine, self.held, self._heard = mine, True, time.time()
     self._thread = threading.Thread(target=self._beat, name='run-lock-heartbeat', daemon=True)
     self._thread.start()
 
@@ -312,12 +318,18 @@ class RunLock:
       self.refresh()
 
   def refresh(self):
-    """Rewrites the heartbeat (the background thread; never the training step)."""
-    if not self.held or self.lost:
-      return
-    if self.remote:
-      self._refresh_object()
-      return
+    """Rewrites the heartbeat (the background thread; before a save that has not heard one for
+    long: `check`). Each write is bounded (storage_waits.REQUEST_S); one that fails is tried
+    again at the next beat."""
+    with self._refreshing:
+      if not self.held or self.lost:
+        return
+      if self.remote:
+        self._refresh_object()
+      else:
+        self._refresh_file()
+
+  def _refresh_file(self):
     holder = self.read()
     if holder == {}:            # being written this instant (or unreadable): the next beat sees
       return
@@ -331,36 +343,56 @@ class RunLock:
       with open(tmp, 'w') as f:
         json.dump(mine, f)
       os.replace(tmp, self.path)
-      self._mine = mine
-    except OSError:             # a full disk: the next beat tries again
-      pass
+      self._mine, self._heard, self._unheard = mine, time.time(), None
+    except OSError as e:        # a full disk: the next beat tries again
+      self._unheard = f'{type(e).__name__}: {e}'
 
   def _refresh_object(self):
     mine = dict(self._mine, heartbeat=time.time())
     try:
       generation = self._object.write(json.dumps(mine), if_generation=self._generation)
+      if not generation:        # the precondition failed: someone else wrote the lock, or the
+        version = self._object.read()   # server carried out a beat whose answer was lost
+        if version is not None and _holder(version.data) in [mine] + self._unsure:
+          generation = self._object.write(json.dumps(mine), if_generation=version.generation)
       if generation:
-        self._generation, self._mine = generation, mine
+        self._generation, self._mine, self._heard, self._unheard = (generation, mine,
+                                                                    time.time(), None)
+        self._unsure = []
         return
-      holder = self.read()       # the precondition failed: someone else wrote the lock
-    except storage.StorageError:  # the network: the next beat tries again
+      holder = None if version is None else _holder(version.data)
+    except storage.StorageError as e:  # the network: the next beat tries again
+      self._unheard = str(e)
+      self._unsure = (self._unsure + [mine])[-8:]
       return
     self.lost = (f'the lock object {self.path} now names {describe(holder)}'
                  if holder and not holder.get('released') else
                  f'the lock object {self.path} was removed or released by another process')
 
   def check(self):
-    """Raises a CheckpointError if another trainer took the lock over (before a save)."""
+    """Raises a CheckpointError if another trainer took the lock over (before a save), or if
+    this one cannot show it still holds it: no heartbeat written for so long that another
+    trainer may take the lock over by now (and one more try, bounded, fails too)."""
+    if self.held and not self.lost and time.time() - self._heard > self.stale_s - self.heartbeat_s:
+      self.refresh()
     if self.lost:
       raise CheckpointError(
           f'This trainer lost the lock of {self.workdir}: {self.lost}. Another trainer took the '
           'run over (this one was thought gone: its heartbeat stopped); stopping without saving.')
+    silent = time.time() - self._heard
+    if self.held and silent > self.stale_s - self.heartbeat_s:
+      storage_waits.closing('lock heartbeat')
+      raise CheckpointError(
+          f'This trainer could not write the heartbeat of its lock {self.path} for {silent:.0f} s '
+          f'({self._unheard or "no answer"}); after {self.stale_s:.0f} s another trainer may take '
+          'the run over, so it stops without saving. The checkpoints already written are intact: '
+          'run the same command again once the storage answers.')
 
   def release(self):
     """Removes the lock file if it is still ours."""
     self._stop.set()
-    if self._thread is not None:
-      self._thread.join()
+    if self._thread is not None:  # a beat in flight ends within its request's bound
+      self._thread.join(storage_waits.request_timeout() + 1.0)
       self._thread = None
     if self.held and not self.lost and self.remote:
       try:                      # a conditional write: never another trainer's lock

@@ -14,6 +14,7 @@ import numpy as np
 from gated_attention import chips
 from gated_attention import scratch
 from gated_attention import storage
+from gated_attention import storage_waits
 from gated_attention.errors import CheckpointError
 from gated_attention.model import transformer as model_lib
 from gated_attention.runs import rundir
@@ -212,9 +213,16 @@ class MetricsWriter:
     """Stores the rows written so far (object storage: a chunk; TensorBoard's files copied)."""
     if not self.enabled:
       return
-    self.jsonl.flush()
-    if self.tb_mirror is not None:
-      self.tb_mirror.sync()
+    try:
+      self.jsonl.flush()
+      if self.tb_mirror is not None:
+        self.tb_mirror.sync()
+    except storage.StorageError as e:   # a stalled or lost endpoint (each request is bounded)
+      storage_waits.closing('metrics')
+      raise storage.StorageError(
+          f'Storing the metrics rows failed: {e} The checkpoints already written are intact; '
+          'once the storage answers, run the same command again to resume from the latest '
+          'one.') from e
 
   def close(self):
     if self.enabled:
