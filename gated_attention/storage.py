@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import glob as glob_lib
+import logging
 import os
 import posixpath
 import re
@@ -38,6 +39,9 @@ from gated_attention.errors import StorageError  # noqa: F401  (storage.StorageE
 # gRPC call that waits 60 s where that API is not served, as on an emulator); the plain JSON-API
 # file system reads and writes every bucket, hierarchical ones included.
 os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
+# gcsfs logs each request it gives up on with a traceback (logger.exception) before raising the
+# error, which reaches the user as one paragraph (_errors): its log printed a traceback above it.
+logging.getLogger('gcsfs').setLevel(logging.CRITICAL)
 
 # How long check_reachable retries a bucket that does not answer before it says so
 # (GATED_ATTENTION_STORAGE_TIMEOUT_S overrides it).
@@ -214,6 +218,30 @@ def listdir(path: str) -> list[str]:
     except FileNotFoundError:
       return []
   return sorted({posixpath.basename(e.rstrip('/')) for e in entries} - {''})
+
+
+def entries(path: str) -> dict[str, bool]:
+  """{name: whether it is a file} of what is directly inside the folder `path`, from one
+  listing; {} where there is nothing, or where `path` is a file. On object storage a "folder"
+  is a prefix: a name can be one only because some object lies under it."""
+  if not is_remote(path):
+    try:
+      with os.scandir(_local(path)) as it:
+        return {e.name: e.is_file() for e in it}
+    except (FileNotFoundError, NotADirectoryError):
+      return {}
+  fs, p = filesystem(path)
+  with _errors(path, 'list'):
+    try:
+      found = fs.ls(p, detail=True, refresh=True, timeout=_timeout())
+    except FileNotFoundError:
+      return {}
+  out = {}
+  for e in found:
+    name = posixpath.basename(e['name'].rstrip('/'))
+    if name and e['name'].rstrip('/') != p.rstrip('/'):
+      out[name] = out.get(name, False) or e.get('type') == 'file'
+  return out
 
 
 def glob(pattern: str) -> list[str]:
