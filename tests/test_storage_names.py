@@ -10,6 +10,7 @@ import pytest
 
 from gated_attention import storage
 from gated_attention import storage_names
+from gated_attention import storage_objects
 from gated_attention.errors import StorageError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +39,7 @@ def test_bucket_names_gcs_refuses_are_not_offered_as_buckets_to_create(bucket, w
   exist. Refused by the rules alone: the server is not asked."""
   def no_server():
     raise AssertionError('the server was asked about a name no bucket can have')
-  monkeypatch.setattr(storage, '_gcs_client', no_server)
+  monkeypatch.setattr(storage_objects, '_gcs_client', no_server)
   with pytest.raises(StorageError, match=f'is not a valid bucket name.*{why}') as e:
     storage.check_reachable(f'gs://{bucket}/run', write=True)
   assert 'does not exist' not in str(e.value) and 'buckets create' not in str(e.value)
