@@ -226,3 +226,45 @@ def test_a_trainer_in_another_pid_namespace_is_judged_by_the_heartbeat(where, tm
   done = _in_new_pid_namespace(workdir, stale_s=60.0)
   assert done.returncode == 0, (done.stdout, done.stderr[-2000:])
   assert 'taking over' in done.stdout and re.search(r'its heartbeat is 10\d\d s old', done.stdout), done.stdout
+
+
+@pytest.mark.slow   # ~40 s: a trainer on gs://, and the same command in a PID namespace of its own
+def test_a_second_trainer_in_another_container_is_refused_and_the_first_keeps_the_run(
+    gcs, tmp_path, unshare_allowed):
+  """The issue's case with real trainers: a second `main.py` under `unshare -pf --mount-proc`
+  (another container on this VM) took the live holder's lock at once, the holder stopped
+  ("lost the lock ... stopping without saving") and the newcomer's next save failed. Now the
+  newcomer is refused in one paragraph, and the holder trains on and saves when stopped."""
+  import os  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  from tests.test_faults import REPO, main_cmd, one_paragraph  # pylint: disable=g-import-not-at-top
+  del unshare_allowed
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  workdir = gcs.url('runs/shared')
+  log = tmp_path / 'first.log'
+  cmd = main_cmd(workdir, **{'train.steps': 100000, 'train.eval_every': 100000})
+  with open(log, 'w') as out:
+    first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+  try:
+    deadline = time.time() + 300
+    while 'step 5/' not in log.read_text():
+      assert first.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+      time.sleep(0.05)
+    second = subprocess.run(['unshare', '-pf', '--mount-proc'] + cmd, cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 1, (second.stdout, second.stderr[-3000:])
+    one_paragraph(second.stderr)
+    message = ' '.join(second.stderr.split())
+    assert f'is in use by another trainer (host {lock_lib.socket.gethostname()}, pid ' \
+           f'{first.pid}' in message, message
+    assert first.poll() is None                   # the holder trains on
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=120)
+  finally:
+    first.kill()
+    first.wait()
+  text = log.read_text()
+  assert first.returncode == 0, text[-3000:]
+  assert 'lost the lock' not in text and 'Interrupted (signal 15) at step' in text
+  assert json.loads(storage.read_bytes(storage.join(workdir, 'trainer.lock')))['released']
