@@ -268,3 +268,31 @@ def test_a_second_trainer_in_another_container_is_refused_and_the_first_keeps_th
   assert first.returncode == 0, text[-3000:]
   assert 'lost the lock' not in text and 'Interrupted (signal 15) at step' in text
   assert json.loads(storage.read_bytes(storage.join(workdir, 'trainer.lock')))['released']
+
+
+def test_a_heartbeat_carried_out_after_its_answer_was_lost_is_still_ours(gcs):
+  """A stalled endpoint can carry out a write after the client gave up on it (seen with
+  fake-gcs-server thawed after SIGSTOP): the lock then holds a beat of this trainer under a
+  generation it never heard of. The next beat and the release recognise it (they were "lost":
+  the trainer refused to save, and the lock went stale instead of being released)."""
+  lock = _lock(gcs.url('run'))
+  lock.acquire()
+  late = dict(lock._mine, heartbeat=time.time())       # pylint: disable=protected-access
+  lock._unsure.append(late)                            # pylint: disable=protected-access  # sent, no answer
+  storage.Object(lock.path).write(json.dumps(late),    # ... and carried out since
+                                  if_generation=lock._generation)  # pylint: disable=protected-access
+  lock.refresh()
+  assert not lock.lost
+  lock.check()
+  storage.Object(lock.path).write(json.dumps(lock._mine),  # pylint: disable=protected-access
+                                  if_generation=lock._generation)  # pylint: disable=protected-access
+  lock._unsure.append(lock._mine)                      # pylint: disable=protected-access
+  lock.release()
+  assert json.loads(storage.read_bytes(lock.path))['released']
+  other = _lock(gcs.url('other'))
+  other.acquire()
+  storage.Object(other.path).write(json.dumps(dict(other._mine, pid=1)),  # pylint: disable=protected-access
+                                   if_generation=other._generation)  # pylint: disable=protected-access
+  other.refresh()                                      # not a beat of its own: taken over
+  assert other.lost and 'now names' in other.lost
+  other.release()

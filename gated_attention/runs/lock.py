@@ -373,14 +373,15 @@ class RunLock:
     """Raises a CheckpointError if another trainer took the lock over (before a save), or if
     this one cannot show it still holds it: no heartbeat written for so long that another
     trainer may take the lock over by now (and one more try, bounded, fails too)."""
-    if self.held and not self.lost and time.time() - self._heard > self.stale_s - self.heartbeat_s:
+    unsafe = self.stale_s - min(self.heartbeat_s, self.stale_s / 2)   # silent for that long
+    if self.held and not self.lost and time.time() - self._heard > unsafe:
       self.refresh()
     if self.lost:
       raise CheckpointError(
           f'This trainer lost the lock of {self.workdir}: {self.lost}. Another trainer took the '
           'run over (this one was thought gone: its heartbeat stopped); stopping without saving.')
     silent = time.time() - self._heard
-    if self.held and silent > self.stale_s - self.heartbeat_s:
+    if self.held and silent > unsafe:
       storage_waits.closing('lock heartbeat')
       raise CheckpointError(
           f'This trainer could not write the heartbeat of its lock {self.path} for {silent:.0f} s '
@@ -395,9 +396,12 @@ class RunLock:
       self._thread.join(storage_waits.request_timeout() + 1.0)
       self._thread = None
     if self.held and not self.lost and self.remote:
+      released = json.dumps({'released': True, 'by': self._mine})
       try:                      # a conditional write: never another trainer's lock
-        self._object.write(json.dumps({'released': True, 'by': self._mine}),
-                           if_generation=self._generation)
+        if not self._object.write(released, if_generation=self._generation):
+          version = self._object.read()   # a beat whose answer was lost, carried out since
+          if version is not None and _holder(version.data) in [self._mine] + self._unsure:
+            self._object.write(released, if_generation=version.generation)
       except storage.StorageError:
         pass                    # it goes stale by its heartbeat's age
     elif self.held and not self.lost and self.read() == self._mine:
