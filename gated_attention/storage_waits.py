@@ -100,7 +100,7 @@ def call(fn, seconds: float, paragraph: str):
   """fn() waited for at most `seconds` (in a daemon thread); past it a StorageError with
   `paragraph` (the thread is left behind: see the module docstring). fn's own error is
   raised as it is."""
-  if _abandoned:
+  if _abandoned or _closing:    # the run is ending on a stalled storage: do not wait it out
     seconds = min(seconds, CLOSING_REQUEST_S)
   box = {}
 
