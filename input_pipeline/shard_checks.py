@@ -32,11 +32,16 @@ def sizes(folder: str) -> dict[str, int]:
   return {storage.basename(p): n for p, n in storage.glob_sizes(storage.join(folder, '*')).items()}
 
 
+# No thread pool: tokenized.py forks its workers after these checks, and a process that has used
+# array_record's global thread pool cannot fork safely (a worker crashed writing its shard).
+_READER = 'readahead_buffer_size:0,max_parallelism:0'
+
+
 def records(path: str) -> int:
   """The number of records array_record finds in a shard (0 for a truncated one: its footer is
   gone); an exception if it cannot be opened."""
   from array_record.python import array_record_module as ar  # pylint: disable=g-import-not-at-top
-  reader = ar.ArrayRecordReader(path)
+  reader = ar.ArrayRecordReader(path, _READER)
   try:
     return reader.num_records()
   finally:
@@ -46,7 +51,7 @@ def records(path: str) -> int:
 def count(path: str) -> tuple[int, int]:
   """(documents, tokens) of a shard, read back whole."""
   from array_record.python import array_record_module as ar  # pylint: disable=g-import-not-at-top
-  reader = ar.ArrayRecordReader(path)
+  reader = ar.ArrayRecordReader(path, _READER)
   try:
     n, tokens = reader.num_records(), 0
     for start in range(0, n, 1024):

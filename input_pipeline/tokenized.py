@@ -18,11 +18,11 @@ One record is one document's token ids exactly as `tokenizer.encode_doc` gives t
 first), int32 little-endian; the files are written with 'group_size:1' (random access by record,
 each record compressed on its own). Shard k of a split holds that split's documents
 [k n, (k + 1) n) with n = data.shard_documents, so the boundaries are known before anything is
-tokenized: the shards are independent (tokenized in parallel, one process per core), and a rerun
-after a kill skips the shards already published and intact (their counts from their .json files,
-their size and record count checked: shard_checks.py), and writes the same bytes for the rest
-and for a damaged one. A shard is written to a local temporary file
-and published whole (renamed, or uploaded as one object), so a partial shard is never under its
+tokenized: the shards are independent (tokenized in parallel, one process per core; with one
+worker, in this process), and a rerun after a kill skips the shards already published and intact
+(their counts from their .json files, their size and record count checked: shard_checks.py) and
+writes the same bytes for the rest and for a damaged one. A shard is written to a local temporary
+file and published whole (renamed, or uploaded as one object), so a partial shard is never under its
 final name; a rerun removes a killed run's temporary files; the manifest appears only when every
 shard is there. A rerun on a folder of other data (another tokenizer, split, document count or
 data.shard_documents) is refused.
@@ -248,10 +248,13 @@ def tokenize(data_cfg, out: str, *, workers: int | None = None, progress: bool =
 def _run(todo: list[tuple], docs: Documents, tokenizer: Tokenizer, out: str, counts: dict,
          workers: int | None, bar, initial: int, done: dict):
   """The shards of `todo`, by `workers` processes; `done` gets each as it is published."""
-  ctx = multiprocessing.get_context()
-  progress = ctx.Array('q', 2)            # documents, tokens written by the workers
   tmp_dir = _local_tmp_dir(out) if storage.is_remote(out) else None
   workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+  if workers == 1:   # in this process: nothing to gain from a fork, and a process that has used
+    _run_here(todo, docs, tokenizer, out, counts, bar, done, tmp_dir)  # array_record's thread
+    return                                 # pool cannot fork safely (its child crashed writing)
+  ctx = multiprocessing.get_context()
+  progress = ctx.Array('q', 2)            # documents, tokens written by the workers
   pool = concurrent.futures.ProcessPoolExecutor(
       max_workers=workers, mp_context=ctx, initializer=_init_worker,
       initargs=(docs, tokenizer, progress, os.getpid()))
@@ -274,6 +277,22 @@ def _run(todo: list[tuple], docs: Documents, tokenizer: Tokenizer, out: str, cou
                           f'shards {len(done)}/{len(done) + len(pending)}', refresh=False)
   finally:   # an error: the shards not started are not started
     pool.shutdown(wait=True, cancel_futures=True)
+    if tmp_dir:
+      shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _run_here(todo: list[tuple], docs: Documents, tokenizer: Tokenizer, out: str, counts: dict,
+              bar, done: dict, tmp_dir: str | None):
+  """The shards of `todo`, one after the other in this process."""
+  _WORKER.update(docs=docs, tokenizer=tokenizer, progress=None)
+  try:
+    for split, k, n, ids in todo:
+      name, n_docs, n_tokens, nbytes = _write_shard(ids, out, shard_name(split, k, n), counts,
+                                                    tmp_dir)
+      done[name] = (n_docs, n_tokens, nbytes)
+      bar.update(n_docs)
+  finally:
+    _WORKER.clear()
     if tmp_dir:
       shutil.rmtree(tmp_dir, ignore_errors=True)
 
