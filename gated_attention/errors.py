@@ -14,3 +14,8 @@ class ConfigError(UserError, ValueError):
 
 class CheckpointError(UserError, ValueError):
   """A run directory or checkpoint that cannot be used; the message says what to do."""
+
+
+class StorageError(UserError, OSError):
+  """Object storage that cannot be used (bucket, credentials, endpoint, a path it cannot carry,
+  a stalled request); names the fix."""

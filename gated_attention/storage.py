@@ -17,33 +17,32 @@ Object storage is not a file system, and the callers are written for what it has
 Clients: gcsfs (fsspec) for files and listings, google-cloud-storage for the preconditions
 (`Object`), both reading STORAGE_EMULATOR_HOST when it is set (tests: fake-gcs-server).
 `check_reachable(path)` turns a missing bucket, missing credentials or an unreachable endpoint
-into one paragraph before any work starts.
+into one paragraph before any work starts; with `write`, a bucket or folder name that GCS or one
+of the clients cannot carry too (storage_names.py).
 """
 
 import contextlib
-import dataclasses
-import functools
 import glob as glob_lib
+import logging
 import os
 import posixpath
 import re
-import tempfile
 
-from gated_attention.errors import UserError
+from gated_attention import storage_waits
+from gated_attention.errors import StorageError  # noqa: F401  (storage.StorageError, as before)
 
 # gcsfs's default file system asks the storage-control API for every bucket's layout first (a
 # gRPC call that waits 60 s where that API is not served, as on an emulator); the plain JSON-API
 # file system reads and writes every bucket, hierarchical ones included.
 os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
+# gcsfs logs each request it gives up on with a traceback (logger.exception) before raising the
+# error, which reaches the user as one paragraph (_errors): its log printed a traceback above it.
+logging.getLogger('gcsfs').setLevel(logging.CRITICAL)
 
 # How long check_reachable retries a bucket that does not answer before it says so
 # (GATED_ATTENTION_STORAGE_TIMEOUT_S overrides it).
 REACH_TIMEOUT_S = float(os.environ.get('GATED_ATTENTION_STORAGE_TIMEOUT_S', 30.0))
 _SCHEME = re.compile(r'^([a-zA-Z][a-zA-Z0-9+.-]*)://')
-
-
-class StorageError(UserError, OSError):
-  """Object storage that cannot be used (bucket, credentials, endpoint); names the fix."""
 
 
 def scheme(path: str) -> str | None:
@@ -110,6 +109,13 @@ def forget_listings(path: str):
     _written(path)
 
 
+def _timeout(nbytes: int = 0) -> float:
+  """The bound on one remote request moving `nbytes` (storage_waits.py): passed to gcsfs, whose
+  own retries (6, each up to aiohttp's 5 minutes) would otherwise wait half an hour on an
+  endpoint that stopped answering."""
+  return storage_waits.request_timeout(nbytes)
+
+
 def _url(path: str, fs_path: str) -> str:
   return f'{scheme(path)}://{fs_path}'
 
@@ -128,14 +134,26 @@ def _errors(path: str, what: str):
     raise StorageError(_explain(path, what, e)) from e
 
 
+def _whole(e: Exception, limit: int = 1600) -> str:
+  """The error on one line, whole: the root cause (`[Errno 111] Connection refused`) is at its
+  end, and a cut at 300 characters left "[Errno 11." (issue 50). Only a message longer than
+  `limit` loses its middle."""
+  text = ' '.join(f'{type(e).__name__}: {e}'.split())
+  return text if len(text) <= limit else f'{text[:limit // 2]} ... {text[-limit // 2:]}'
+
+
 def _explain(path: str, what: str, e: Exception) -> str:
-  text = f'{type(e).__name__}: {e}'.strip().splitlines()[0][:300]
+  text = _whole(e)
+  if isinstance(e, TimeoutError):   # gcsfs's bound (fsspec's FSTimeoutError) has no message
+    text = (f'{type(e).__name__}: no answer within {_timeout():g} s (a bound on one request '
+            'with its retries: GATED_ATTENTION_STORAGE_REQUEST_S)')
   low = text.lower()
-  if 'credential' in low or 'unauthorized' in low or '401' in low or 'anonymous caller' in low:
+  if ('credential' in low or 'unauthorized' in low or re.search(r'\b401\b', low)
+      or 'anonymous caller' in low):
     fix = ('no usable Google Cloud credentials. On a TPU VM or GCE the machine\'s service account '
            'is used (give it roles/storage.objectAdmin on the bucket); elsewhere run `gcloud auth '
            'application-default login` or set GOOGLE_APPLICATION_CREDENTIALS to a key file')
-  elif '403' in low or 'forbidden' in low or 'permission' in low:
+  elif re.search(r'\b403\b', low) or 'forbidden' in low or 'permission' in low:
     fix = ('the credentials in use may not do this; grant them roles/storage.objectAdmin on the '
            'bucket (or pass a --workdir in a bucket they can write)')
   elif 'connect' in low or 'timeout' in low or 'timed out' in low or 'resolve' in low:
@@ -153,7 +171,7 @@ def exists(path: str) -> bool:
     return os.path.exists(_local(path))
   fs, p = filesystem(path)
   with _errors(path, 'look up'):
-    return fs.exists(p)
+    return fs.exists(p, timeout=_timeout())
 
 
 def isdir(path: str) -> bool:
@@ -161,7 +179,7 @@ def isdir(path: str) -> bool:
     return os.path.isdir(_local(path))
   fs, p = filesystem(path)
   with _errors(path, 'look up'):
-    return fs.isdir(p)
+    return fs.isdir(p, timeout=_timeout())
 
 
 def isfile(path: str) -> bool:
@@ -169,7 +187,7 @@ def isfile(path: str) -> bool:
     return os.path.isfile(_local(path))
   fs, p = filesystem(path)
   with _errors(path, 'look up'):
-    return fs.isfile(p)
+    return fs.isfile(p, timeout=_timeout())
 
 
 def mtime(path: str) -> float:
@@ -178,7 +196,7 @@ def mtime(path: str) -> float:
     return os.path.getmtime(_local(path))
   fs, p = filesystem(path)
   with _errors(path, 'look up'):
-    return fs.modified(p).timestamp()
+    return fs.info(p, timeout=_timeout())['mtime'].timestamp()
 
 
 def getsize(path: str) -> int:
@@ -186,7 +204,7 @@ def getsize(path: str) -> int:
     return os.path.getsize(_local(path))
   fs, p = filesystem(path)
   with _errors(path, 'look up'):
-    return int(fs.size(p))
+    return int(fs.size(p, timeout=_timeout()))
 
 
 def listdir(path: str) -> list[str]:
@@ -199,10 +217,34 @@ def listdir(path: str) -> list[str]:
   fs, p = filesystem(path)
   with _errors(path, 'list'):
     try:
-      entries = fs.ls(p, detail=False, refresh=True)
+      entries = fs.ls(p, detail=False, refresh=True, timeout=_timeout())
     except FileNotFoundError:
       return []
   return sorted({posixpath.basename(e.rstrip('/')) for e in entries} - {''})
+
+
+def entries(path: str) -> dict[str, bool]:
+  """{name: whether it is a file} of what is directly inside the folder `path`, from one
+  listing; {} where there is nothing, or where `path` is a file. On object storage a "folder"
+  is a prefix: a name can be one only because some object lies under it."""
+  if not is_remote(path):
+    try:
+      with os.scandir(_local(path)) as it:
+        return {e.name: e.is_file() for e in it}
+    except (FileNotFoundError, NotADirectoryError):
+      return {}
+  fs, p = filesystem(path)
+  with _errors(path, 'list'):
+    try:
+      found = fs.ls(p, detail=True, refresh=True, timeout=_timeout())
+    except FileNotFoundError:
+      return {}
+  out = {}
+  for e in found:
+    name = posixpath.basename(e['name'].rstrip('/'))
+    if name and e['name'].rstrip('/') != p.rstrip('/'):
+      out[name] = out.get(name, False) or e.get('type') == 'file'
+  return out
 
 
 def glob(pattern: str) -> list[str]:
@@ -212,7 +254,7 @@ def glob(pattern: str) -> list[str]:
     return sorted(p for p in glob_lib.glob(pattern, recursive=True) if os.path.isfile(p))
   fs, p = filesystem(pattern)
   with _errors(pattern, 'list'):
-    found = fs.glob(p, detail=True)
+    found = fs.glob(p, detail=True, timeout=_timeout())
   return sorted(_url(pattern, k) for k, v in found.items() if v.get('type') == 'file')
 
 
@@ -222,7 +264,7 @@ def glob_sizes(pattern: str) -> dict[str, int]:
     return {p: os.path.getsize(p) for p in glob(pattern)}
   fs, p = filesystem(pattern)
   with _errors(pattern, 'list'):
-    found = fs.glob(p, detail=True)
+    found = fs.glob(p, detail=True, timeout=_timeout())
   return {_url(pattern, k): int(v['size']) for k, v in sorted(found.items())
           if v.get('type') == 'file'}
 
@@ -250,7 +292,7 @@ def read_bytes(path: str) -> bytes:
       return f.read()
   fs, p = filesystem(path)
   with _errors(path, 'read'):
-    return fs.cat_file(p)
+    return fs.cat_file(p, timeout=_timeout())
 
 
 def read_text(path: str) -> str:
@@ -270,7 +312,7 @@ def write(path: str, data: bytes | str):
     return
   fs, p = filesystem(path)
   with _errors(path, 'write'):
-    fs.pipe_file(p, data)
+    fs.pipe_file(p, data, timeout=_timeout(len(data)))
 
 
 def create(path: str, data: bytes | str) -> bool:
@@ -285,7 +327,8 @@ def create(path: str, data: bytes | str) -> bool:
     with os.fdopen(fd, 'wb') as f:
       f.write(data)
     return True
-  return bool(Object(path).write(data, if_generation=0))
+  from gated_attention import storage_objects  # pylint: disable=g-import-not-at-top
+  return bool(storage_objects.Object(path).write(data, if_generation=0))
 
 
 def remove(path: str):
@@ -294,7 +337,7 @@ def remove(path: str):
     return
   fs, p = filesystem(path)
   with _errors(path, 'delete'):
-    fs.rm_file(p)
+    fs.rm_file(p, timeout=_timeout())
   _written(path)
 
 
@@ -312,8 +355,8 @@ def remove_tree(path: str):
   fs, p = filesystem(path)
   _written(path)   # listings cached before another writer (orbax) added objects there
   with _errors(path, 'delete'):
-    if fs.exists(p):
-      fs.rm(p, recursive=True)
+    if fs.exists(p, timeout=_timeout()):
+      fs.rm(p, recursive=True, timeout=_timeout())
   _written(path)
 
 
@@ -326,8 +369,8 @@ def copy_tree(src: str, dst: str):
   fs, s = filesystem(src)
   _, d = filesystem(dst)
   with _errors(src, 'copy'):
-    for f in fs.find(s):
-      fs.copy(f, d + f[len(s):])
+    for f in fs.find(s, timeout=_timeout()):
+      fs.copy(f, d + f[len(s):], timeout=_timeout())
 
 
 def upload_tree(local_dir: str, remote: str):
@@ -338,7 +381,8 @@ def upload_tree(local_dir: str, remote: str):
     for d, _, files in os.walk(local_dir):
       for name in sorted(files):
         path = os.path.join(d, name)
-        fs.put_file(path, posixpath.join(r, os.path.relpath(path, local_dir).replace(os.sep, '/')))
+        fs.put_file(path, posixpath.join(r, os.path.relpath(path, local_dir).replace(os.sep, '/')),
+                    timeout=_timeout(os.path.getsize(path)))
 
 
 def download_tree(remote: str, local_dir: str):
@@ -346,18 +390,19 @@ def download_tree(remote: str, local_dir: str):
   (streamed to disk, not read whole into memory)."""
   fs, r = filesystem(remote)
   with _errors(remote, 'download'):
-    found = fs.find(r)
+    found = fs.find(r, detail=True, timeout=_timeout())
     if not found:
       raise FileNotFoundError(f'{remote} holds no files.')
-    for f in found:
+    for f, info in found.items():
       dst = os.path.join(local_dir, *f[len(r):].strip('/').split('/'))
       os.makedirs(os.path.dirname(dst), exist_ok=True)
-      fs.get_file(f, dst)
+      fs.get_file(f, dst, timeout=_timeout(int(info.get('size') or 0)))
 
 
 def _sizes(path: str) -> dict[str, int]:
   fs, p = filesystem(path)
-  return {f[len(p):]: int(i['size']) for f, i in fs.find(p, detail=True).items()}
+  found = fs.find(p, detail=True, timeout=_timeout())
+  return {f[len(p):]: int(i['size']) for f, i in found.items()}
 
 
 def move_tree(src: str, dst: str):
@@ -373,155 +418,9 @@ def move_tree(src: str, dst: str):
       raise StorageError(f'Copying {src} to {dst} did not give the same objects; {src} is left '
                          'as it was.')
     fs, s = filesystem(src)
-    fs.rm(s, recursive=True)
+    fs.rm(s, recursive=True, timeout=_timeout())
   _written(src)
   _written(dst)
-
-
-# --- objects with generations (preconditions) ------------------------------------------------
-
-@functools.lru_cache(maxsize=None)
-def _gcs_client():
-  from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
-  if os.environ.get('STORAGE_EMULATOR_HOST'):
-    from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
-    return gcs.Client(project=os.environ.get('GOOGLE_CLOUD_PROJECT', 'emulator'),
-                      credentials=AnonymousCredentials())
-  return gcs.Client()
-
-
-def _bucket_and_name(path: str) -> tuple[str, str]:
-  if scheme(path) != 'gs':
-    raise StorageError(f'{path}: only gs:// object storage is supported for this (a local path, '
-                       'or gs://bucket/path).')
-  bucket, _, name = path[len('gs://'):].partition('/')
-  return bucket, name
-
-
-@dataclasses.dataclass
-class Version:
-  data: bytes
-  generation: int        # changes with every write of the object; 0: it does not exist
-  age_s: float = 0.0     # seconds since it was written (the server's clock against ours)
-
-
-class Object:
-  """One object on gs:// read and written with generation preconditions: a write that names the
-  generation it expects fails (returns False) if another writer changed the object meanwhile."""
-
-  def __init__(self, path: str):
-    self.path = path
-    self.bucket, self.name = _bucket_and_name(path)
-
-  def _blob(self):
-    with _errors(self.path, 'reach'):
-      return _gcs_client().bucket(self.bucket).blob(self.name)
-
-  def read(self) -> Version | None:
-    """The object's bytes and generation; None if it does not exist."""
-    import datetime  # pylint: disable=g-import-not-at-top
-    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
-    blob = self._blob()
-    with _errors(self.path, 'read'):
-      try:
-        data = blob.download_as_bytes()
-      except exceptions.NotFound:
-        return None
-    age = 0.0
-    if blob.updated is not None:
-      age = (datetime.datetime.now(datetime.timezone.utc) - blob.updated).total_seconds()
-    return Version(data, int(blob.generation), age)
-
-  def generation(self) -> int:
-    """The current generation (0: the object does not exist)."""
-    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
-    blob = self._blob()
-    with _errors(self.path, 'look up'):
-      try:
-        blob.reload()
-      except exceptions.NotFound:
-        return 0
-    return int(blob.generation)
-
-  def write(self, data: bytes | str, *, if_generation: int) -> int:
-    """Writes the object if its generation is `if_generation` (0: it must not exist). The new
-    generation if written (true), 0 if the precondition failed."""
-    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
-    data = data.encode('utf-8') if isinstance(data, str) else data
-    blob = self._blob()
-    with _errors(self.path, 'write'):
-      try:
-        blob.upload_from_string(data, if_generation_match=if_generation)
-      except exceptions.PreconditionFailed:
-        return 0
-    return int(blob.generation)
-
-  def delete(self, *, if_generation: int) -> bool:
-    """Deletes the object if its generation is `if_generation`; False otherwise. (GCS checks
-    the precondition; fake-gcs-server does not, so no caller's correctness depends on it.)"""
-    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
-    blob = self._blob()
-    with _errors(self.path, 'delete'):
-      try:
-        blob.delete(if_generation_match=if_generation)
-      except (exceptions.PreconditionFailed, exceptions.NotFound):
-        return False
-    return True
-
-
-# --- before any work -------------------------------------------------------------------------
-
-def check_reachable(path: str, *, write: bool):
-  """Raises a one-paragraph StorageError if `path`'s bucket is missing, the credentials are
-  missing or refused, or the endpoint cannot be reached; with `write`, also if an object cannot
-  be written there (a probe object, deleted at once). Nothing for a local path."""
-  if not is_remote(path):
-    return
-  if scheme(path) != 'gs':
-    filesystem(path)     # an fsspec protocol without its package: named by filesystem()
-    return
-  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
-  from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
-  bucket, name = _bucket_and_name(path)
-  if not bucket:
-    raise StorageError(f'{path} names no bucket; write gs://BUCKET/path.')
-  try:
-    client = _gcs_client()
-    b = client.bucket(bucket)
-    found = b.exists(timeout=REACH_TIMEOUT_S,
-                     retry=retry.DEFAULT_RETRY.with_timeout(REACH_TIMEOUT_S))
-  except exceptions.Forbidden:
-    found = True          # may not read the bucket's metadata; the probe below decides
-  except Exception as e:  # pylint: disable=broad-except
-    raise StorageError(_explain(path, 'reach', e)) from e
-  if not found:
-    raise StorageError(
-        f'The bucket gs://{bucket} of {path} does not exist. Create it (gcloud storage buckets '
-        f'create gs://{bucket} --location=<your TPU or GPU region>) or fix the path.')
-  if write:
-    probe = Object(f'gs://{bucket}/{name.rstrip("/") + "/" if name else ""}'
-                   f'.write_probe.{os.getpid()}')
-    probe.write(b'', if_generation=0)
-    probe.delete(if_generation=probe.generation())
-
-
-def check_writable(directory: str, what: str, fix: str):
-  """Raises a one-paragraph StorageError if `what` cannot be written into the local folder
-  `directory` (created if missing): a read-only filesystem, a full disk, no permission. Found by
-  writing and removing a probe file, before the work that would write there. Remote paths: the
-  bucket check (check_reachable)."""
-  if is_remote(directory):
-    check_reachable(directory, write=True)
-    return
-  try:
-    os.makedirs(_local(directory), exist_ok=True)
-    fd, probe = tempfile.mkstemp(prefix='.write_probe.', dir=_local(directory))
-    os.close(fd)
-    os.remove(probe)
-  except OSError as e:
-    reason = e.strerror or type(e).__name__
-    raise StorageError(f'Cannot write {what} to {directory}: {reason}'
-                       f'{f" ({e.filename})" if e.filename else ""}. {fix}') from e
 
 
 # --- one local file published whole (input_pipeline/tokenized.py's shards) ------------------
@@ -539,5 +438,18 @@ def upload_file(local_path: str, path: str):
     return
   fs, p = filesystem(path)
   with _errors(path, 'upload to'):
-    fs.put_file(local_path, p)
+    fs.put_file(local_path, p, timeout=_timeout(os.path.getsize(local_path)))
   _written(path)
+
+
+# Objects read and written with generation preconditions, and the checks of a path before any
+# work, are storage_objects.py's (split by concern; it uses the helpers above): reached here as
+# storage.Object, storage.check_reachable ...
+_OBJECTS = ('Object', 'Version', '_gcs_client', 'check_folder', 'check_reachable', 'check_writable')
+
+
+def __getattr__(name: str):
+  if name in _OBJECTS:
+    from gated_attention import storage_objects  # pylint: disable=g-import-not-at-top
+    return getattr(storage_objects, name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -18,10 +18,11 @@ One record is one document's token ids exactly as `tokenizer.encode_doc` gives t
 first), int32 little-endian; the files are written with 'group_size:1' (random access by record,
 each record compressed on its own). Shard k of a split holds that split's documents
 [k n, (k + 1) n) with n = data.shard_documents, so the boundaries are known before anything is
-tokenized: the shards are independent (tokenized in parallel, one process per core), and a rerun
-after a kill skips the shards already published (their counts from their .json files: nothing is
-read back) and writes the same bytes for the rest. A shard is written to a local temporary file
-and published whole (renamed, or uploaded as one object), so a partial shard is never under its
+tokenized: the shards are independent (tokenized in parallel, one process per core; with one
+worker, in this process), and a rerun after a kill skips the shards already published and intact
+(their counts from their .json files, their size and record count checked: shard_checks.py) and
+writes the same bytes for the rest and for a damaged one. A shard is written to a local temporary
+file and published whole (renamed, or uploaded as one object), so a partial shard is never under its
 final name; a rerun removes a killed run's temporary files; the manifest appears only when every
 shard is there. A rerun on a folder of other data (another tokenizer, split, document count or
 data.shard_documents) is refused.
@@ -52,6 +53,7 @@ import time
 import numpy as np
 
 from gated_attention import storage
+from gated_attention.input_pipeline import shard_checks
 from gated_attention.input_pipeline.errors import DataError
 from gated_attention.input_pipeline.sources import Documents, load_documents, split_documents
 from gated_attention.input_pipeline.tokenizer import Tokenizer, make_tokenizer
@@ -152,8 +154,10 @@ def _write_shard(ids: np.ndarray, out: str, name: str, counts: dict,
         _add_progress(step_docs, step_tokens)
         step_docs = step_tokens = 0
     writer.close()
+    nbytes = os.path.getsize(tmp)             # checked by a rerun and by training
     storage.write(storage.join(out, counts_name(name)), json.dumps(
-        {'documents': len(ids), 'tokens': tokens, **counts}, indent=1, sort_keys=True))
+        {'documents': len(ids), 'tokens': tokens, 'bytes': nbytes, **counts}, indent=1,
+        sort_keys=True))
     if tmp_dir:
       storage.upload_file(tmp, target)        # one object, uploaded once complete
     else:
@@ -162,23 +166,10 @@ def _write_shard(ids: np.ndarray, out: str, name: str, counts: dict,
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
-  return name, len(ids), tokens
+  return name, len(ids), tokens, nbytes
 
 
 # --- the command -------------------------------------------------------------------------------
-
-def _count(path: str) -> tuple[int, int]:
-  """(documents, tokens) of a published shard, read back (a shard without its counts file)."""
-  from array_record.python import array_record_module as ar  # pylint: disable=g-import-not-at-top
-  reader = ar.ArrayRecordReader(path)
-  try:
-    n, tokens = reader.num_records(), 0
-    for start in range(0, n, 1024):
-      tokens += sum(len(r) // 4 for r in reader.read(list(range(start, min(n, start + 1024)))))
-    return n, tokens
-  finally:
-    reader.close()
-
 
 def _local_tmp_dir(out: str) -> str:
   """Where the shards of a remote --out are written before their upload: one folder per --out,
@@ -188,38 +179,6 @@ def _local_tmp_dir(out: str) -> str:
   shutil.rmtree(path, ignore_errors=True)
   os.makedirs(path)
   return path
-
-
-def _published(out: str, plan: list[tuple], have: set, counts: dict) -> dict:
-  """name -> (documents, tokens) of the planned shards already in `out` (a resumed run), from
-  their counts files (read in parallel: thousands of shards on gs://); DataError if one was made
-  from other data or settings."""
-  def check(split, k, n, ids):
-    name = shard_name(split, k, n)
-    path = storage.join(out, name)
-    if counts_name(name) in have:
-      c = json.loads(storage.read_bytes(storage.join(out, counts_name(name))))
-      other = ', '.join(f'{key}: {c.get(key)!r} there, {value!r} now'
-                        for key, value in sorted(counts.items()) if c.get(key) != value)
-      if other:
-        raise DataError(f'{path} was made with other settings ({other}): --out holds shards of '
-                        'other data, another tokenizer or data.shard_documents. Use another '
-                        '--out, or the settings it was made with.')
-      found = (int(c['documents']), int(c['tokens']))
-    else:   # a shard without its counts file (copied without it): read back, counted
-      found = _count(path)
-      storage.write(storage.join(out, counts_name(name)), json.dumps(
-          {'documents': found[0], 'tokens': found[1], **counts}, indent=1, sort_keys=True))
-    if found[0] != len(ids):
-      raise DataError(f'{path} holds {found[0]} documents, not the {len(ids)} this source and '
-                      'data.shard_documents put there: --out holds shards of other data or '
-                      'settings. Use another --out.')
-    return name, found
-  present = [p for p in plan if shard_name(*p[:3]) in have]
-  if not present:
-    return {}
-  with concurrent.futures.ThreadPoolExecutor(min(16, len(present))) as pool:
-    return dict(pool.map(lambda p: check(*p), present))
 
 
 def tokenize(data_cfg, out: str, *, workers: int | None = None, progress: bool = True) -> dict:
@@ -242,13 +201,21 @@ def tokenize(data_cfg, out: str, *, workers: int | None = None, progress: bool =
   counts = {'format': FORMAT, 'source': data_cfg.source, 'num_documents': len(docs),
             'val_fraction': float(data_cfg.val_fraction), 'shard_documents': per_shard,
             'tokenizer_fingerprint': tokenizer_fingerprint(tokenizer)}
-  have = set(storage.listdir(out))
+  have = shard_checks.sizes(out)               # name -> bytes
   for name in sorted(have):
     if _STALE.match(name):    # a killed run's unfinished file (local: a temporary name)
       storage.remove(storage.join(out, name))
-  done = _published(out, plan, have, counts)   # name -> (documents, tokens)
+  planned = [(shard_name(s, k, n), counts_name(shard_name(s, k, n)), len(ids))
+             for s, k, n, ids in plan]
+  done, damaged = shard_checks.check_published(out, planned, have, counts)  # (docs, tokens, bytes)
+  for name, why in sorted(damaged.items()):   # written again below, with the missing ones
+    print(f'Warning: {storage.join(out, name)} is damaged ({why}); writing it again.',
+          file=sys.stderr, flush=True)
+    storage.remove(storage.join(out, name))
+    if counts_name(name) in have:
+      storage.remove(storage.join(out, counts_name(name)))
   todo = [(split, k, n, ids) for split, k, n, ids in plan if shard_name(split, k, n) not in done]
-  initial = sum(n_docs for n_docs, _ in done.values())
+  initial = sum(found[0] for found in done.values())
   bar = _bar(len(docs), initial, progress)
   try:
     if todo:
@@ -270,7 +237,7 @@ def tokenize(data_cfg, out: str, *, workers: int | None = None, progress: bool =
   for split, k, n, _ in plan:
     name = shard_name(split, k, n)
     manifest['shards'][split].append({'name': name, 'documents': done[name][0],
-                                      'tokens': done[name][1]})
+                                      'tokens': done[name][1], 'bytes': done[name][2]})
   manifest['num_shards'] = {split: len(shards) for split, shards in manifest['shards'].items()}
   manifest['num_tokens'] = {split: sum(s['tokens'] for s in shards)
                             for split, shards in manifest['shards'].items()}
@@ -281,10 +248,13 @@ def tokenize(data_cfg, out: str, *, workers: int | None = None, progress: bool =
 def _run(todo: list[tuple], docs: Documents, tokenizer: Tokenizer, out: str, counts: dict,
          workers: int | None, bar, initial: int, done: dict):
   """The shards of `todo`, by `workers` processes; `done` gets each as it is published."""
-  ctx = multiprocessing.get_context()
-  progress = ctx.Array('q', 2)            # documents, tokens written by the workers
   tmp_dir = _local_tmp_dir(out) if storage.is_remote(out) else None
   workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+  if workers == 1:   # in this process: nothing to gain from a fork, and a process that has used
+    _run_here(todo, docs, tokenizer, out, counts, bar, done, tmp_dir)  # array_record's thread
+    return                                 # pool cannot fork safely (its child crashed writing)
+  ctx = multiprocessing.get_context()
+  progress = ctx.Array('q', 2)            # documents, tokens written by the workers
   pool = concurrent.futures.ProcessPoolExecutor(
       max_workers=workers, mp_context=ctx, initializer=_init_worker,
       initargs=(docs, tokenizer, progress, os.getpid()))
@@ -296,8 +266,8 @@ def _run(todo: list[tuple], docs: Documents, tokenizer: Tokenizer, out: str, cou
       finished, pending = concurrent.futures.wait(
           pending, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED)
       for future in finished:
-        name, n_docs, n_tokens = future.result()
-        done[name] = (n_docs, n_tokens)
+        name, n_docs, n_tokens, nbytes = future.result()
+        done[name] = (n_docs, n_tokens, nbytes)
       with progress.get_lock():
         n_docs, n_tokens = progress[0], progress[1]
       bar.update(initial + n_docs - shown)
@@ -307,6 +277,22 @@ def _run(todo: list[tuple], docs: Documents, tokenizer: Tokenizer, out: str, cou
                           f'shards {len(done)}/{len(done) + len(pending)}', refresh=False)
   finally:   # an error: the shards not started are not started
     pool.shutdown(wait=True, cancel_futures=True)
+    if tmp_dir:
+      shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _run_here(todo: list[tuple], docs: Documents, tokenizer: Tokenizer, out: str, counts: dict,
+              bar, done: dict, tmp_dir: str | None):
+  """The shards of `todo`, one after the other in this process."""
+  _WORKER.update(docs=docs, tokenizer=tokenizer, progress=None)
+  try:
+    for split, k, n, ids in todo:
+      name, n_docs, n_tokens, nbytes = _write_shard(ids, out, shard_name(split, k, n), counts,
+                                                    tmp_dir)
+      done[name] = (n_docs, n_tokens, nbytes)
+      bar.update(n_docs)
+  finally:
+    _WORKER.clear()
     if tmp_dir:
       shutil.rmtree(tmp_dir, ignore_errors=True)
 
@@ -375,7 +361,7 @@ class TokenDocuments(Documents):
     self._record = np.empty(self._n, np.int64)
     self._record[train_ids] = np.arange(len(train_ids))
     self._record[val_ids] = len(train_ids) + np.arange(len(val_ids))
-    listed = set(storage.listdir(self.path))
+    listed = shard_checks.sizes(self.path)    # name -> bytes
     missing = [s['name'] for split in ('train', 'val') for s in m['shards'][split]
                if s['name'] not in listed]
     if missing:
@@ -383,6 +369,10 @@ class TokenDocuments(Documents):
                       f'({", ".join(missing[:3])}{", ..." if len(missing) > 3 else ""}); run the '
                       '--mode=tokenize command that wrote it again (it writes only what is '
                       'missing), or set --config.data.path to a complete folder.')
+    shard_checks.check_sizes(self.path, m['shards']['train'] + m['shards']['val'], listed)
+    self._names = [s['name'] for split in ('train', 'val') for s in m['shards'][split]]
+    self._ends = np.cumsum([s['documents'] for split in ('train', 'val')
+                            for s in m['shards'][split]])
     # 'file[0:n]': the record counts from the manifest, so no shard is opened before it is read
     # (each process opens only the shards of the documents it reads, when it first reads one)
     self._files = [f'{storage.join(self.path, s["name"])}[0:{s["documents"]}]'
@@ -410,4 +400,12 @@ class TokenDocuments(Documents):
     return self._n
 
   def __getitem__(self, i) -> np.ndarray:
-    return np.frombuffer(self._source()[int(self._record[int(i)])], '<i4').astype(np.int32)
+    record = int(self._record[int(i)])
+    try:
+      raw = self._source()[record]
+    except DataError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  # array_record: RuntimeError
+      shard = self._names[int(np.searchsorted(self._ends, record, side='right'))]
+      raise shard_checks.unreadable(self.path, shard, e) from e
+    return np.frombuffer(raw, '<i4').astype(np.int32)

@@ -903,16 +903,22 @@ def test_a_second_trainer_is_refused_then_a_killed_one_never_blocks(env, referen
 
 def test_lock_staleness_live_dead_reused_pid_and_other_hosts(tmp_path):
   """Simulated holders (the lock file written by hand): a live process on this host holds;
-  a dead pid, a reused pid (another start time) and an old heartbeat of another host do not."""
+  a dead pid, a reused pid (another start time) and an old heartbeat of another host do not. A
+  pid of another PID namespace on this host (a container) is not looked up: its heartbeat
+  decides."""
   host, now = lock_lib.socket.gethostname(), time.time()
+  # this machine's boot and PID namespace: its pids are ours to look up (issue 50)
+  here = dict(host=host, boot_id=lock_lib._boot_id(), pid_ns=lock_lib._pid_namespace())
   sleeper = subprocess.Popen(['sleep', '60'])
   try:
     cases = {
-        'live': (dict(host=host, pid=sleeper.pid, started=now, heartbeat=now - 1e4,
+        'live': (dict(here, pid=sleeper.pid, started=now, heartbeat=now - 1e4,
                       process_start=lock_lib._process_start(sleeper.pid)), None),
-        'dead': (dict(host=host, pid=2**22 + 7, started=now, heartbeat=now), 'is not running'),
-        'reused': (dict(host=host, pid=sleeper.pid, started=now, heartbeat=now,
+        'dead': (dict(here, pid=2**22 + 7, started=now, heartbeat=now), 'is not running'),
+        'reused': (dict(here, pid=sleeper.pid, started=now, heartbeat=now,
                         process_start='1'), 'is now another process'),
+        'dead_in_another_namespace': (dict(here, pid=2**22 + 7, started=now, heartbeat=now,
+                                           pid_ns='pid:[1]'), None),
         'other_host_fresh': (dict(host='gone-node', pid=1, started=now, heartbeat=now - 10),
                              None),
         'other_host_lost': (dict(host='gone-node', pid=1, started=now - 2000,

@@ -2,6 +2,7 @@
 with generation preconditions, stale by heartbeat age alone. No JAX program is compiled."""
 
 import json
+import re
 import threading
 import time
 
@@ -124,24 +125,174 @@ def test_a_fresh_heartbeat_is_not_taken_over_and_beats_keep_it(gcs):
 
 
 def test_a_dead_holder_on_this_machine_is_taken_over_at_once(gcs):
-  """kill -9 and the same command again on the same machine (same boot id): its pid is gone,
-  so the lock is taken over without waiting for the heartbeat to age; a holder of another boot
-  (another VM, whatever its host name) only by its heartbeat's age."""
+  """kill -9 and the same command again on the same machine (same boot id and PID namespace):
+  its pid is gone, so the lock is taken over without waiting for the heartbeat to age; a holder
+  of another boot (another VM, whatever its host name), of another PID namespace (a container
+  on this VM) or that recorded none (older code) only by its heartbeat's age."""
   import subprocess  # pylint: disable=g-import-not-at-top
   workdir = gcs.url('run')
   dead = subprocess.Popen(['true'])
   dead.wait()
   now = time.time()
   me = dict(host='any', pid=dead.pid, started=now, heartbeat=now,
-            boot_id=lock_lib._boot_id())  # pylint: disable=protected-access
+            boot_id=lock_lib._boot_id(), pid_ns=lock_lib._pid_namespace())  # pylint: disable=protected-access
+  assert me['pid_ns'], 'no PID namespace: /proc is missing or shows another namespace'
   storage.Object(storage.join(workdir, 'trainer.lock')).write(json.dumps(me), if_generation=0)
   warnings = []
   taker = _lock(workdir)
   taker.acquire(warn=warnings.append)
   assert 'is not running' in warnings[0]
   taker.release()
-  other = gcs.url('other')
-  storage.Object(storage.join(other, 'trainer.lock')).write(
-      json.dumps(dict(me, boot_id='another-boot')), if_generation=0)
-  with pytest.raises(CheckpointError, match='in use'):
-    _lock(other).acquire()
+  for i, holder in enumerate((dict(me, boot_id='another-boot'), dict(me, pid_ns='pid:[1]'),
+                              {k: v for k, v in me.items() if k != 'pid_ns'})):
+    other = gcs.url(f'other{i}')
+    storage.Object(storage.join(other, 'trainer.lock')).write(json.dumps(holder), if_generation=0)
+    with pytest.raises(CheckpointError, match='in use'):
+      _lock(other).acquire()
+
+
+# A second trainer in another PID namespace on this machine (issue 50) --------------------------
+
+_CHILD = """
+import sys
+from gated_attention.errors import CheckpointError
+from gated_attention.runs import lock as lock_lib
+lock = lock_lib.RunLock(sys.argv[1], heartbeat_s=3600.0, stale_s=float(sys.argv[2]))
+try:
+  lock.acquire(warn=lambda text: print(text, flush=True))
+except CheckpointError as e:
+  print('REFUSED', ' '.join(str(e).split()), flush=True)
+  sys.exit(3)
+print('TOOK', lock_lib.os.getpid(), flush=True)
+lock.release()
+"""
+
+
+def _in_new_pid_namespace(workdir, stale_s):
+  """The lock taken by a process of its own PID namespace (`unshare -pf --mount-proc`): a
+  trainer in another container of this VM (the same boot id, and here the same host name)."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return subprocess.run(['unshare', '-pf', '--mount-proc', sys.executable, '-c', _CHILD, workdir,
+                         str(stale_s)], cwd=repo, capture_output=True, text=True, timeout=120,
+                        env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': repo})
+
+
+@pytest.fixture
+def unshare_allowed():
+  import shutil  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  if not shutil.which('unshare'):
+    pytest.skip('no unshare command')
+  probe = subprocess.run(['unshare', '-pf', '--mount-proc', 'true'], capture_output=True,
+                         text=True, check=False)
+  if probe.returncode != 0:
+    pytest.skip(f'unshare -pf --mount-proc is not permitted here: {probe.stderr.strip()}')
+
+
+@pytest.mark.parametrize('where', ['local', 'gcs'])
+def test_a_trainer_in_another_pid_namespace_is_judged_by_the_heartbeat(where, tmp_path, request,
+                                                                       unshare_allowed):
+  """The boot id is shared by every container on a VM, and the holder's pid means nothing in the
+  newcomer's namespace (there it was "not running": the live holder's lock was taken at once and
+  the holder stopped). A live holder is refused; one whose heartbeat is old is taken over, by
+  that reason; in both the holder's own pid is never looked up over there."""
+  del unshare_allowed
+  workdir = (request.getfixturevalue('gcs').url('run') if where == 'gcs'
+             else str(tmp_path / 'run'))
+  holder = _lock(workdir)
+  holder.acquire()
+  try:
+    done = _in_new_pid_namespace(workdir, stale_s=300.0)
+    assert done.returncode == 3, (done.stdout, done.stderr[-2000:])
+    assert f'is in use by another trainer (host {holder._mine["host"]}, pid {holder._mine["pid"]}' in done.stdout  # pylint: disable=protected-access
+    assert holder.read() == holder._mine        # pylint: disable=protected-access  # untouched
+    holder.refresh()
+    assert not holder.lost
+  finally:
+    holder.release()
+  # A holder of this host and boot in another namespace whose heartbeat stopped long ago (its
+  # container is gone): taken over by the heartbeat's age.
+  old = time.time() - 1000
+  gone = dict(holder._mine, started=old, heartbeat=old, pid_ns='pid:[1]')  # pylint: disable=protected-access
+  if where == 'gcs':
+    obj = storage.Object(storage.join(workdir, 'trainer.lock'))
+    obj.write(json.dumps(gone), if_generation=obj.generation())
+  else:
+    with open(storage.join(workdir, 'trainer.lock'), 'w') as f:
+      json.dump(gone, f)
+  done = _in_new_pid_namespace(workdir, stale_s=60.0)
+  assert done.returncode == 0, (done.stdout, done.stderr[-2000:])
+  assert 'taking over' in done.stdout and re.search(r'its heartbeat is 10\d\d s old', done.stdout), done.stdout
+
+
+@pytest.mark.slow   # ~40 s: a trainer on gs://, and the same command in a PID namespace of its own
+def test_a_second_trainer_in_another_container_is_refused_and_the_first_keeps_the_run(
+    gcs, tmp_path, unshare_allowed):
+  """The issue's case with real trainers: a second `main.py` under `unshare -pf --mount-proc`
+  (another container on this VM) took the live holder's lock at once, the holder stopped
+  ("lost the lock ... stopping without saving") and the newcomer's next save failed. Now the
+  newcomer is refused in one paragraph, and the holder trains on and saves when stopped."""
+  import os  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  from tests.test_faults import REPO, main_cmd, one_paragraph  # pylint: disable=g-import-not-at-top
+  del unshare_allowed
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  workdir = gcs.url('runs/shared')
+  log = tmp_path / 'first.log'
+  cmd = main_cmd(workdir, **{'train.steps': 100000, 'train.eval_every': 100000})
+  with open(log, 'w') as out:
+    first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+  try:
+    deadline = time.time() + 300
+    while 'step 5/' not in log.read_text():
+      assert first.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+      time.sleep(0.05)
+    second = subprocess.run(['unshare', '-pf', '--mount-proc'] + cmd, cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 1, (second.stdout, second.stderr[-3000:])
+    one_paragraph(second.stderr)
+    message = ' '.join(second.stderr.split())
+    assert f'is in use by another trainer (host {lock_lib.socket.gethostname()}, pid ' \
+           f'{first.pid}' in message, message
+    assert first.poll() is None                   # the holder trains on
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=120)
+  finally:
+    first.kill()
+    first.wait()
+  text = log.read_text()
+  assert first.returncode == 0, text[-3000:]
+  assert 'lost the lock' not in text and 'Interrupted (signal 15) at step' in text
+  assert json.loads(storage.read_bytes(storage.join(workdir, 'trainer.lock')))['released']
+
+
+def test_a_heartbeat_carried_out_after_its_answer_was_lost_is_still_ours(gcs):
+  """A stalled endpoint can carry out a write after the client gave up on it (seen with
+  fake-gcs-server thawed after SIGSTOP): the lock then holds a beat of this trainer under a
+  generation it never heard of. The next beat and the release recognise it (they were "lost":
+  the trainer refused to save, and the lock went stale instead of being released)."""
+  lock = _lock(gcs.url('run'))
+  lock.acquire()
+  late = dict(lock._mine, heartbeat=time.time())       # pylint: disable=protected-access
+  lock._unsure.append(late)                            # pylint: disable=protected-access  # sent, no answer
+  storage.Object(lock.path).write(json.dumps(late),    # ... and carried out since
+                                  if_generation=lock._generation)  # pylint: disable=protected-access
+  lock.refresh()
+  assert not lock.lost
+  lock.check()
+  storage.Object(lock.path).write(json.dumps(lock._mine),  # pylint: disable=protected-access
+                                  if_generation=lock._generation)  # pylint: disable=protected-access
+  lock._unsure.append(lock._mine)                      # pylint: disable=protected-access
+  lock.release()
+  assert json.loads(storage.read_bytes(lock.path))['released']
+  other = _lock(gcs.url('other'))
+  other.acquire()
+  storage.Object(other.path).write(json.dumps(dict(other._mine, pid=1)),  # pylint: disable=protected-access
+                                   if_generation=other._generation)  # pylint: disable=protected-access
+  other.refresh()                                      # not a beat of its own: taken over
+  assert other.lost and 'now names' in other.lost
+  other.release()

@@ -105,7 +105,20 @@ def test_check_reachable_names_an_unreachable_endpoint(monkeypatch):
   monkeypatch.setattr(storage, 'REACH_TIMEOUT_S', 2.0)
   storage._gcs_client.cache_clear()  # pylint: disable=protected-access
   try:
-    with pytest.raises(storage.StorageError, match='cannot be reached'):
+    with pytest.raises(storage.StorageError, match='cannot be reached') as e:
       storage.check_reachable('gs://bucket/run', write=True)
+    # the whole error, its root cause last (issue 50: it was cut at "[Errno 11.")
+    assert '[Errno 111] Connection refused' in str(e.value), str(e.value)
   finally:
     storage._gcs_client.cache_clear()  # pylint: disable=protected-access
+
+
+def test_entries_tell_files_from_folders(root):
+  """One listing: a file, a "folder" (on gs://, a prefix with an object under it), nothing."""
+  storage.makedirs(root)
+  storage.write(storage.join(root, 'a.jsonl'), 'x')
+  storage.write(storage.join(root, 'b.jsonl', 'inner') if storage.is_remote(root) else
+                _mk(root, 'b.jsonl', 'inner'), 'y')
+  assert storage.entries(root) == {'a.jsonl': True, 'b.jsonl': False}
+  assert storage.entries(storage.join(root, 'missing')) == {}
+  assert storage.entries(storage.join(root, 'a.jsonl')) == {}

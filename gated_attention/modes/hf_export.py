@@ -5,10 +5,9 @@
 
 import json
 import re
-import shutil
 import sys
-import tempfile
 
+from gated_attention import scratch
 from gated_attention import storage
 from gated_attention.errors import ConfigError
 from gated_attention.runs.hf import interop
@@ -35,12 +34,12 @@ def main(args):
   # Object storage: written into a local folder first (safetensors are written by seeking), then
   # uploaded file by file; nothing is left under --out if the export fails.
   storage.check_reachable(args.out, write=True)
-  local = tempfile.mkdtemp(prefix='gated_attention_export_')
+  local = scratch.make('gated_attention_export_')   # a killed export's are removed here
   try:
     summary = _export(args, local + '/hf')
     storage.upload_tree(local + '/hf', args.out)
   finally:
-    shutil.rmtree(local, ignore_errors=True)
+    scratch.remove(local)
   print(json.dumps(summary | {"out_dir": args.out}, indent=1))
 
 

@@ -6,10 +6,9 @@
 """
 
 import json
-import shutil
 import sys
-import tempfile
 
+from gated_attention import scratch
 from gated_attention import storage
 from gated_attention.runs.hf import interop
 
@@ -39,14 +38,14 @@ def _import_remote(args) -> dict:
   tokenizer = storage.join(args.hf, 'tokenizer.json')
   if 'data.tokenizer' not in overrides and storage.isfile(tokenizer):
     overrides['data.tokenizer'] = tokenizer
-  local = tempfile.mkdtemp(prefix='gated_attention_import_')
+  local = scratch.make('gated_attention_import_')   # a killed import's are removed here
   try:
     try:
-      storage.download_tree(args.hf, local)
+      storage.download_tree(args.hf, local + '/hf')
     except FileNotFoundError:
       sys.exit(f'--hf={args.hf} holds no files: pass a Hugging Face model directory (one with '
                'config.json and *.safetensors).')
-    summary = interop.import_run(local, args.workdir, overrides=overrides)
+    summary = interop.import_run(local + '/hf', args.workdir, overrides=overrides)
   finally:
-    shutil.rmtree(local, ignore_errors=True)
+    scratch.remove(local)
   return summary | {'source': args.hf}

@@ -5,14 +5,22 @@
     ...
     lock.release()
 
-The file names its holder (host, pid, the process's start time, the machine's boot id, when it
-started) and a heartbeat: a timestamp a background thread refreshes every `heartbeat_s` seconds
-(nothing on the training step's path). A second trainer is refused with the holder's name. A
-holder that is gone never blocks the next run:
+The file names its holder (host, pid, the process's start time, the machine's boot id, its PID
+namespace, when it started) and a heartbeat: a timestamp a background thread refreshes every
+`heartbeat_s` seconds (nothing on the training step's path). A second trainer is refused with the
+holder's name. A holder that is gone never blocks the next run:
 
-  same host   its pid is not running, or runs another process (another start time, or another
-              boot): gone, whatever the heartbeat says (a kill -9, a reboot)
-  other host  its heartbeat is older than `stale_s` seconds (a lost node)
+  same host, same PID namespace   its pid is not running, or runs another process (another start
+                                  time): gone, whatever the heartbeat says (a kill -9)
+  same host, another boot         gone (a reboot; a local lock file only)
+  anything else                   its heartbeat is older than `stale_s` seconds (a lost node)
+
+"Same PID namespace" is proved, not assumed: the boot id is shared by every container on a VM
+(and the host name often is), and a pid means something only in the namespace that gave it. A
+holder's pid is looked up only when its lock records this very PID namespace (the namespace's
+id, /proc/self/ns/pid, on this boot) and this process's /proc shows that namespace; a trainer in
+another container, or in an `unshare -p` beside it, is judged by its heartbeat alone (issue 50:
+it took a live holder's lock at once, "process N is not running").
 
 and the lock is taken over with a warning naming the old holder. A holder that finds its lock
 taken over (it was thought lost: a network partition) stops refreshing it and reports `lost`;
@@ -25,8 +33,9 @@ share nothing: the lock is one object read and written with generation precondit
 (storage.Object). Acquiring creates it only if absent (ifGenerationMatch=0: of two trainers
 exactly one wins); each heartbeat rewrites it only if it still has the generation this trainer
 wrote last (a failed precondition means it was taken over: `lost`); a holder is stale by the age
-of its heartbeat (a host name may be another VM's), or on the very machine that wrote it (the
-same boot id) once its process is gone, and taking it over is a write
+of its heartbeat (a host name may be another VM's), or on the very machine and PID namespace
+that wrote it (the same boot id and namespace id) once its process is gone, and taking it over is
+a write
 conditional on the stale holder's generation (of two takers one wins; a holder that beat in
 between keeps it). Releasing writes {"released": true} on this trainer's generation (conditional
 deletes are not honoured by every GCS server, so none is relied on); a released lock is free.
@@ -41,6 +50,7 @@ import time
 import jax
 
 from gated_attention import storage
+from gated_attention import storage_waits
 from gated_attention.errors import CheckpointError
 from gated_attention.runs.rundir import LOCK_FILE
 
@@ -54,6 +64,37 @@ def _boot_id() -> str | None:
       return f.read().strip()
   except OSError:
     return None
+
+
+def _pid_namespace() -> str | None:
+  """This process's PID namespace ('pid:[4026531836]', unique on one boot), if this process's
+  /proc shows that namespace (/proc/self is this pid: not so after `unshare -p` without
+  --mount-proc, where /proc/<pid> would name another namespace's process); else None."""
+  try:
+    if os.readlink('/proc/self') != str(os.getpid()):
+      return None
+    return os.readlink('/proc/self/ns/pid')
+  except OSError:
+    return None
+
+
+def _pid_is_ours(holder: dict) -> bool:
+  """Whether the holder's pid can be looked up here: it recorded this boot and this PID
+  namespace (a lock written without them, by older code or elsewhere, cannot be)."""
+  boot, namespace = _boot_id(), _pid_namespace()
+  return bool(boot and namespace and holder.get('boot_id') == boot
+              and holder.get('pid_ns') == namespace)
+
+
+def _gone_here(holder: dict, where: str = '') -> str | None:
+  """Why the holder, whose pid is ours to look up (_pid_is_ours), is gone; None if it runs."""
+  pid = holder.get('pid')
+  if not isinstance(pid, int) or not _running(pid):
+    return f'process {pid}{where} is not running'
+  start = _process_start(pid)
+  if holder.get('process_start') and start and start != holder['process_start']:
+    return f'pid {pid}{where} is now another process'
+  return None
 
 
 def _process_start(pid: int) -> str | None:
@@ -113,6 +154,11 @@ class RunLock:
     self._mine = None
     self._stop = threading.Event()
     self._thread = None
+    self._refreshing = threading.Lock()   # the heartbeat thread's beats and check()'s
+    self._heard = 0.0           # when a heartbeat was last written (or the lock taken)
+    self._unheard = None        # why the last heartbeat could not be written
+    self._unsure = []           # heartbeats sent whose answer was lost: the server may yet
+                                # write them (object storage), so they are still ours
 
   # -- the file ---------------------------------------------------------------------------------
 
@@ -149,15 +195,11 @@ class RunLock:
         return 'the lock file is gone'
       return f'an unreadable lock file {age:.0f} s old' if age > self.stale_s else None
     if holder.get('host') == socket.gethostname():
-      pid = holder.get('pid')
       if holder.get('boot_id') and _boot_id() and holder['boot_id'] != _boot_id():
         return 'its host has rebooted since'
-      if not isinstance(pid, int) or not _running(pid):
-        return f'process {pid} is not running'
-      start = _process_start(pid)
-      if holder.get('process_start') and start and start != holder['process_start']:
-        return f'pid {pid} is now another process'
-      return None
+      if _pid_is_ours(holder):
+        return _gone_here(holder)
+      # the same host name and boot, another PID namespace (a container): its heartbeat decides
     beat = holder.get('heartbeat')
     if not isinstance(beat, (int, float)):
       return 'it has no heartbeat'
@@ -175,7 +217,8 @@ class RunLock:
     storage.makedirs(self.workdir)
     now = time.time()
     mine = dict(host=socket.gethostname(), pid=os.getpid(), started=now, heartbeat=now,
-                process_start=_process_start(os.getpid()), boot_id=_boot_id())
+                process_start=_process_start(os.getpid()), boot_id=_boot_id(),
+                pid_ns=_pid_namespace())
     if self.remote:
       taken = self._acquire_object(mine, warn)
     else:
@@ -183,7 +226,7 @@ class RunLock:
     if not taken:
       raise CheckpointError(f'Could not take the lock file {self.path}: other trainers keep '
                             'taking it; make sure only one trainer runs in this directory.')
-    self._mine, self.held = mine, True
+    self._mine, self.held, self._heard = mine, True, time.time()
     self._thread = threading.Thread(target=self._beat, name='run-lock-heartbeat', daemon=True)
     self._thread.start()
 
@@ -233,16 +276,14 @@ class RunLock:
     return False
 
   def stale_object(self, holder: dict, age_s: float) -> str | None:
-    """On object storage: why `holder` is gone, or None. By its heartbeat's age; or, on the
-    very machine that wrote it (the same boot id: a host name alone may be another VM), when
-    its process is gone (a trainer killed and started again at once)."""
-    if holder.get('boot_id') and holder['boot_id'] == _boot_id():
-      pid = holder.get('pid')
-      if not isinstance(pid, int) or not _running(pid):
-        return f'process {pid} on this machine is not running'
-      start = _process_start(pid)
-      if holder.get('process_start') and start and start != holder['process_start']:
-        return f'pid {pid} on this machine is now another process'
+    """On object storage: why `holder` is gone, or None. By its heartbeat's age; or, in the
+    very machine and PID namespace that wrote it (the same boot id and namespace: a host name
+    alone may be another VM, a boot id another container), when its process is gone (a trainer
+    killed and started again at once)."""
+    if _pid_is_ours(holder):
+      why = _gone_here(holder, ' on this machine')
+      if why:
+        return why
     beat = holder.get('heartbeat')
     if not isinstance(beat, (int, float)):   # unreadable or hand-written: by the object's age
       return (f'an unreadable lock object {age_s:.0f} s old' if age_s > self.stale_s else None)
@@ -277,12 +318,18 @@ class RunLock:
       self.refresh()
 
   def refresh(self):
-    """Rewrites the heartbeat (the background thread; never the training step)."""
-    if not self.held or self.lost:
-      return
-    if self.remote:
-      self._refresh_object()
-      return
+    """Rewrites the heartbeat (the background thread; before a save that has not heard one for
+    long: `check`). Each write is bounded (storage_waits.REQUEST_S); one that fails is tried
+    again at the next beat."""
+    with self._refreshing:
+      if not self.held or self.lost:
+        return
+      if self.remote:
+        self._refresh_object()
+      else:
+        self._refresh_file()
+
+  def _refresh_file(self):
     holder = self.read()
     if holder == {}:            # being written this instant (or unreadable): the next beat sees
       return
@@ -296,41 +343,65 @@ class RunLock:
       with open(tmp, 'w') as f:
         json.dump(mine, f)
       os.replace(tmp, self.path)
-      self._mine = mine
-    except OSError:             # a full disk: the next beat tries again
-      pass
+      self._mine, self._heard, self._unheard = mine, time.time(), None
+    except OSError as e:        # a full disk: the next beat tries again
+      self._unheard = f'{type(e).__name__}: {e}'
 
   def _refresh_object(self):
     mine = dict(self._mine, heartbeat=time.time())
     try:
       generation = self._object.write(json.dumps(mine), if_generation=self._generation)
+      if not generation:        # the precondition failed: someone else wrote the lock, or the
+        version = self._object.read()   # server carried out a beat whose answer was lost
+        if version is not None and _holder(version.data) in [mine] + self._unsure:
+          generation = self._object.write(json.dumps(mine), if_generation=version.generation)
       if generation:
-        self._generation, self._mine = generation, mine
+        self._generation, self._mine, self._heard, self._unheard = (generation, mine,
+                                                                    time.time(), None)
+        self._unsure = []
         return
-      holder = self.read()       # the precondition failed: someone else wrote the lock
-    except storage.StorageError:  # the network: the next beat tries again
+      holder = None if version is None else _holder(version.data)
+    except storage.StorageError as e:  # the network: the next beat tries again
+      self._unheard = str(e)
+      self._unsure = (self._unsure + [mine])[-8:]
       return
     self.lost = (f'the lock object {self.path} now names {describe(holder)}'
                  if holder and not holder.get('released') else
                  f'the lock object {self.path} was removed or released by another process')
 
   def check(self):
-    """Raises a CheckpointError if another trainer took the lock over (before a save)."""
+    """Raises a CheckpointError if another trainer took the lock over (before a save), or if
+    this one cannot show it still holds it: no heartbeat written for so long that another
+    trainer may take the lock over by now (and one more try, bounded, fails too)."""
+    unsafe = self.stale_s - min(self.heartbeat_s, self.stale_s / 2)   # silent for that long
+    if self.held and not self.lost and time.time() - self._heard > unsafe:
+      self.refresh()
     if self.lost:
       raise CheckpointError(
           f'This trainer lost the lock of {self.workdir}: {self.lost}. Another trainer took the '
           'run over (this one was thought gone: its heartbeat stopped); stopping without saving.')
+    silent = time.time() - self._heard
+    if self.held and silent > unsafe:
+      storage_waits.closing('lock heartbeat')
+      raise CheckpointError(
+          f'This trainer could not write the heartbeat of its lock {self.path} for {silent:.0f} s '
+          f'({self._unheard or "no answer"}); after {self.stale_s:.0f} s another trainer may take '
+          'the run over, so it stops without saving. The checkpoints already written are intact: '
+          'run the same command again once the storage answers.')
 
   def release(self):
     """Removes the lock file if it is still ours."""
     self._stop.set()
-    if self._thread is not None:
-      self._thread.join()
+    if self._thread is not None:  # a beat in flight ends within its request's bound
+      self._thread.join(storage_waits.request_timeout() + 1.0)
       self._thread = None
     if self.held and not self.lost and self.remote:
+      released = json.dumps({'released': True, 'by': self._mine})
       try:                      # a conditional write: never another trainer's lock
-        self._object.write(json.dumps({'released': True, 'by': self._mine}),
-                           if_generation=self._generation)
+        if not self._object.write(released, if_generation=self._generation):
+          version = self._object.read()   # a beat whose answer was lost, carried out since
+          if version is not None and _holder(version.data) in [self._mine] + self._unsure:
+            self._object.write(released, if_generation=version.generation)
       except storage.StorageError:
         pass                    # it goes stale by its heartbeat's age
     elif self.held and not self.lost and self.read() == self._mine:

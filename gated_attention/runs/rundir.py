@@ -244,6 +244,7 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   """The run's saved config (config.json) as a ConfigDict, fields added since it was saved
   at their defaults."""
   path = storage.join(workdir, CONFIG_FILE)
+  storage.check_folder(workdir)        # orbax would read the arrays of another folder
   if not storage.isdir(workdir):
     raise RunError(f'{workdir!r} is not a directory; pass the --workdir of a training run.')
   if not storage.isfile(path):
@@ -264,7 +265,12 @@ def read_metrics(workdir: str, *, every_row: bool = False) -> list[dict]:
   """
   rows = []
   for path in metrics_files(workdir):
-    for line in storage.read_bytes(path).splitlines():
+    try:
+      raw = storage.read_bytes(path)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:  # gone meanwhile
+      _warn(f'Warning: {path} cannot be read ({type(e).__name__}); its rows are skipped.')
+      continue
+    for line in raw.splitlines():
       try:
         row = json.loads(line)
       except ValueError:
@@ -291,22 +297,58 @@ def _well_typed(row) -> bool:
              for k, v in row.items())
 
 
+def _chunk_number(name: str) -> int | None:
+  stem = name[:-len('.jsonl')] if name.endswith('.jsonl') else ''
+  return int(stem) if stem.isdigit() and stem.isascii() else None
+
+
 def metrics_chunk_numbers(workdir: str) -> list[int]:
-  """The numbers of the metrics chunks in RUN/metrics/ (object storage), ascending."""
+  """The numbers taken in RUN/metrics/ (object storage), ascending: every name of the chunks'
+  form, a folder under one included (the next chunk gets a number none of them has)."""
   names = storage.listdir(storage.join(workdir, METRICS_DIR))
-  return sorted(int(n[:-len('.jsonl')]) for n in names
-                if n.endswith('.jsonl') and n[:-len('.jsonl')].isdigit())
+  return sorted(n for n in map(_chunk_number, names) if n is not None)
 
 
 def metrics_chunk(workdir: str, number: int) -> str:
   return storage.join(workdir, METRICS_DIR, f'{number:08d}.jsonl')
 
 
+_warned = set()
+
+
+def _warn(text: str):
+  """A warning on stderr, once per process (the readers read a run's metrics several times)."""
+  if text not in _warned:
+    _warned.add(text)
+    import sys  # pylint: disable=g-import-not-at-top
+    print(text, file=sys.stderr, flush=True)
+
+
 def metrics_files(workdir: str) -> list[str]:
-  """The files holding the run's metrics rows, in the order they were written."""
+  """The files holding the run's metrics rows, in the order they were written: metrics.jsonl,
+  then the chunk files of RUN/metrics/ by number, under the names they have (`50.jsonl` as
+  well). Anything else of those names, a folder under a chunk's name (an object
+  RUN/metrics/00000050.jsonl/inner on gs://) or a file where the folder should be, is skipped
+  with a warning (issue 50: a FileNotFoundError traceback in analyze and compare)."""
   single = storage.join(workdir, METRICS_FILE)
   first = [single] if storage.isfile(single) else []
-  return first + [metrics_chunk(workdir, n) for n in metrics_chunk_numbers(workdir)]
+  if not first and storage.exists(single):
+    _warn(f'Warning: {single} is a folder, not the metrics file; skipped.')
+  folder = storage.join(workdir, METRICS_DIR)
+  found = storage.entries(folder)
+  if not found and storage.isfile(folder):
+    _warn(f'Warning: {folder} is a file, not the folder of metrics chunks; skipped.')
+  chunks = []
+  for name, is_file in sorted(found.items()):
+    number = _chunk_number(name)
+    if number is None:
+      continue
+    if not is_file:
+      _warn(f'Warning: {storage.join(folder, name)} is a folder, not a metrics chunk (something '
+            'else wrote objects under its name); skipped.')
+      continue
+    chunks.append((number, name))
+  return first + [storage.join(folder, name) for _, name in sorted(chunks)]
 
 
 def analysis_dir(workdir: str) -> str:
@@ -353,6 +395,7 @@ def read_long_context(workdir: str, tag: str) -> dict | None:
 def checkpoint_steps(workdir: str) -> list[int]:
   """Steps of the finished checkpoints (unfinished orbax temporaries are ignored)."""
   from gated_attention.runs import checkpoint  # pylint: disable=g-import-not-at-top
+  storage.check_folder(workdir)
   if not storage.isdir(storage.join(workdir, checkpoint.CHECKPOINTS_DIR)):
     return []
   ckpt = checkpoint.Checkpointer(workdir, read_only=True)

@@ -4,9 +4,7 @@ throughput (tokens/s, achieved TFLOP/s, MFU on known chips). Only process 0 writ
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 
@@ -14,7 +12,9 @@ import jax
 import numpy as np
 
 from gated_attention import chips
+from gated_attention import scratch
 from gated_attention import storage
+from gated_attention import storage_waits
 from gated_attention.errors import CheckpointError
 from gated_attention.model import transformer as model_lib
 from gated_attention.runs import rundir
@@ -104,11 +104,11 @@ class _Mirror:
   event files and the libraries' logs of a run on object storage: they append)."""
 
   def __init__(self, remote: str, prefix: str):
-    self.remote, self.local = remote, tempfile.mkdtemp(prefix=prefix)
+    self.remote, self.local = remote, scratch.make(prefix)   # a killed run's are removed here
     self._sent = {}
 
   def sync(self):
-    for name in sorted(os.listdir(self.local)):
+    for name in scratch.files(self.local):
       path = os.path.join(self.local, name)
       if not os.path.isfile(path):
         continue
@@ -122,7 +122,7 @@ class _Mirror:
     try:
       self.sync()
     finally:
-      shutil.rmtree(self.local, ignore_errors=True)
+      scratch.remove(self.local)
 
 
 # A run on object storage writes its buffered metrics rows at least this often (seconds).
@@ -213,9 +213,16 @@ class MetricsWriter:
     """Stores the rows written so far (object storage: a chunk; TensorBoard's files copied)."""
     if not self.enabled:
       return
-    self.jsonl.flush()
-    if self.tb_mirror is not None:
-      self.tb_mirror.sync()
+    try:
+      self.jsonl.flush()
+      if self.tb_mirror is not None:
+        self.tb_mirror.sync()
+    except storage.StorageError as e:   # a stalled or lost endpoint (each request is bounded)
+      storage_waits.closing('metrics')
+      raise storage.StorageError(
+          f'Storing the metrics rows failed: {e} The checkpoints already written are intact; '
+          'once the storage answers, run the same command again to resume from the latest '
+          'one.') from e
 
   def close(self):
     if self.enabled:
