@@ -99,6 +99,7 @@ class _Watcher(threading.Thread):
       now = time.monotonic()
       news = entries.get(f'{PREFIX}lost')
       if news:
+        self._linger()
         stop_now(news)
       done = {int(k.rsplit('/', 1)[1]) for k in entries if k.startswith(f'{PREFIX}done/')}
       for p in range(self.count):
@@ -117,10 +118,15 @@ class _Watcher(threading.Thread):
           self.client.key_value_set(f'{PREFIX}lost', what, allow_overwrite=True)
         except Exception:  # pylint: disable=broad-except
           pass
-        if self.me == 0:   # the store: let the others read the news before it goes
-          self.finished.wait(2 * self.interval + 1)
+        self._linger()
         stop_now(what)
       self.finished.wait(self.interval)
+
+  def _linger(self):
+    """Process 0 holds the store: it lets the others read the news before it goes (they would
+    otherwise lose the coordinator first, and JAX aborts them with its own lines)."""
+    if self.me == 0:
+      self.finished.wait(2 * self.interval + 1)
 
 
 def start(client, timeout: float):

@@ -803,7 +803,9 @@ def test_disk_full_tmpfs_during_an_async_save(env, reference, small_disk, tmp_pa
   assert 'Traceback' not in stderr[start:], stderr[start:]    # none after it (tensorboardX's)
   if message.startswith('Error (CheckpointError): Saving a checkpoint to'):
     assert 'No space left on device' in message and steps_of(workdir) == [10]
-    assert stopped < 30                             # at a step after the failure, not at 30
+    # It stops at the first step after the failure surfaces (22-26 in most runs); on a loaded
+    # machine the ten steps after 20 can all run before the write fails, and the last step's save
+    # reports it: the step is not asserted, what was kept is (above: neither 20 nor 30).
   else:                                             # the filler came after the save's writes
     assert 'MiB are free on the disk' in message and steps_of(workdir) == [10, 20]
   _resume_elsewhere(workdir, tmp_path, reference)

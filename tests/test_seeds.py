@@ -175,7 +175,7 @@ def test_a_failing_seed_leaves_the_batch_and_the_others_finish(tmp_path, monkeyp
     if run.config.seed == 6 and run.step == 8:
       return stability.Event('failure', 8, 9.9, why='a test failure')
     return failure
-  monkeypatch.setattr(loop, '_check_pending', failing)
+  monkeypatch.setattr(loop, 'check_pending', failing)
   dirs = rundir.seed_workdirs(str(tmp_path / 'seeds_{seed}'), [5, 6])
   with pytest.raises(loop.TrainingStopped, match='1 of 2 seeds stopped') as e:
     seeds_lib.run(tiny_config(**{**EXTRA, 'train.eval_every': 4}), dirs)
