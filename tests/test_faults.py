@@ -333,6 +333,55 @@ def test_two_damaged_newest_checkpoints_fall_back_twice(reference, tmp_path, cap
   assert_like_reference(workdir, reference)
 
 
+def test_a_rejected_checkpoint_leaves_the_data_iterator_where_it_was(reference, tmp_path):
+  """Issue 50 (2): the state is verified before anything is restored in place. A checkpoint
+  whose arrays fail their checksums used to move the data iterator (restored with the arrays)
+  before it was rejected, so a run whose every checkpoint was unusable "started" from step 0
+  with another run's data position."""
+  from gated_attention import input_pipeline, sharding  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import train  # pylint: disable=g-import-not-at-top
+  workdir = copy_run(reference.workdir, tmp_path)
+  _flip_bytes(os.path.join(workdir, 'checkpoints', '30'), None)
+  c = config()
+  setup = train.Setup(c, sharding.build_mesh(c.mesh))
+  data = input_pipeline.build_data(c.data, global_batch_size=c.train.batch_size, seed=c.seed)
+  before = json.dumps(data.train_iter.get_state())
+  ckpt = ckpt_lib.Checkpointer(workdir, read_only=True)
+  try:
+    with pytest.raises(ckpt_lib.CheckpointError, match='checksum mismatch'):
+      ckpt.restore_step(30, {'params': setup.abstract_params, 'opt_state': setup.abstract_opt},
+                        data.train_iter)
+    assert json.dumps(data.train_iter.get_state()) == before
+    ckpt.restore_step(20, {'params': setup.abstract_params, 'opt_state': setup.abstract_opt},
+                      data.train_iter)      # an intact one does move it
+    assert json.dumps(data.train_iter.get_state()) != before
+  finally:
+    ckpt.close()
+
+
+def test_a_run_whose_every_checkpoint_is_unusable_is_refused(reference, tmp_path):
+  """Issue 50 (2): every checkpoint damaged. Refused (rather than started over: new checkpoints
+  and metrics would mix with the old run's), naming each checkpoint and why; they are set aside,
+  not deleted, nothing is trained, and the same command is refused again until a person moves
+  them (docs/faults.md)."""
+  workdir = copy_run(reference.workdir, tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  for step in (10, 20, 30):
+    _flip_bytes(os.path.join(ckpts, str(step)), None)
+  rows_before = len(runs_lib.read_metrics(workdir, every_row=True))
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    loop.run(config(), workdir)
+  message = str(e.value)
+  assert 'every checkpoint is unusable: 30 (checksum mismatch' in message, message
+  assert '; 20 (' in message and '; 10 (' in message and 'Nothing was restored or trained' in message
+  assert sorted(os.listdir(ckpts)) == ['10.unusable', '20.unusable', '30.unusable']
+  assert len(runs_lib.read_metrics(workdir, every_row=True)) == rows_before
+  with pytest.raises(ckpt_lib.CheckpointError, match='only ones set aside as unusable: '
+                     '10.unusable, 20.unusable, 30.unusable'):
+    loop.run(config(), workdir)
+  assert not os.path.exists(os.path.join(workdir, lock_lib.LOCK_FILE))   # released
+
+
 # Non-finite steps -------------------------------------------------------------------------------
 
 def poison(monkeypatch, first: int, count: int):
