@@ -186,7 +186,7 @@ def test_a_failing_seed_leaves_the_batch_and_the_others_finish(tmp_path, monkeyp
   assert rundir.checkpoint_steps(dirs[6]) == [6] and max(read_metrics(dirs[6])) == 7
   assert sorted(read_metrics(dirs[5], 'val')) == [4, 8, 12]
   assert sorted(read_metrics(dirs[6], 'val')) == [4]
-  monkeypatch.setattr(loop, '_check_pending', check)
+  monkeypatch.setattr(loop, 'check_pending', check)
   out = subprocess.run([sys.executable, 'main.py', f'--workdir={dirs[6]}'], cwd=REPO,
                        capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-2000:]
