@@ -149,6 +149,12 @@ def main(argv):
     if FLAGS.verbosity >= 1 or os.environ.get('GATED_ATTENTION_TRACEBACK'):
       raise
     _interrupted()
+  finally:
+    # Python's last garbage collection at exit walked every object of JAX, Flax and orbax for
+    # seconds (4.4 s of a 54-s tiny run here, after the run had ended): the objects still alive
+    # are left to the process's end instead.
+    import gc  # pylint: disable=g-import-not-at-top
+    gc.freeze()
 
 
 def _stop_now(signum, frame):  # pylint: disable=unused-argument

@@ -14,6 +14,7 @@ import json
 import os
 
 from gated_attention import storage
+from gated_attention.analysis import goodput as goodput_lib
 from gated_attention.analysis import plots
 
 COLUMNS = ('variant', 'gate score', 'M-Act', 'F-Attn', 'PPL')
@@ -24,12 +25,15 @@ def _fmt(x, spec):
   return '-' if x is None else format(x, spec)
 
 
-def run_summary(workdir: str, variant: str, rows: list[dict], rep: dict | None) -> dict:
+def run_summary(workdir: str, variant: str, rows: list[dict], rep: dict | None,
+                sessions: list[dict] | None = None) -> dict:
   """One run's row: from its analysis report `rep`, else the last validation row of its
-  metrics `rows`."""
+  metrics `rows`; with its goodput columns from its sessions' time accounts."""
   out = {'workdir': workdir, 'variant': variant,
          'metrics': rows, 'source': None, 'step': None, 'gate_score': None, 'm_act': None,
-         'f_attn': None, 'ppl': None, 'f_attn_per_layer': None, 'm_act_per_layer': None}
+         'f_attn': None, 'ppl': None, 'f_attn_per_layer': None, 'm_act_per_layer': None,
+         'sessions': len(sessions or []),
+         **goodput_lib.columns(goodput_lib.summarize(sessions) if sessions else None)}
   if rep is not None:
     out.update(source='analysis', step=rep.get('step'), gate_score=rep.get('gate_score_mean'),
                m_act=rep.get('m_act_mean'), f_attn=rep.get('f_attn_mean'), ppl=rep.get('ppl'),
@@ -84,6 +88,27 @@ def markdown_table(summaries, names) -> str:
   return '\n'.join(lines) + '\n\n' + '\n'.join(f'- {n}' for n in notes) + '\n'
 
 
+_TIME_COLUMNS = (('goodput', 'goodput'), ('wall_h', 'wall (h)'), ('compile_frac', 'compile'),
+                 ('data_wait_frac', 'data wait'), ('eval_frac', 'eval'),
+                 ('checkpoint_frac', 'checkpoint'), ('lost_frac', 'lost to restarts'))
+
+
+def time_table(summaries, names) -> str:
+  """Where each run's wall time went (analysis/goodput.py): goodput and the shares of the
+  wall time, over all its sessions; '-' for a run that kept no account."""
+  lines = ['| run | sessions | ' + ' | '.join(t for _, t in _TIME_COLUMNS) + ' |',
+           '|' + '---|' * (len(_TIME_COLUMNS) + 2)]
+  for s, name in zip(summaries, names):
+    cells = [name, str(s.get('sessions', 0))]
+    for key, _ in _TIME_COLUMNS:
+      v = s.get(key)
+      cells.append('-' if v is None else (f'{v:.3f}' if key == 'wall_h' else f'{100 * v:.1f}%'))
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return ('\n'.join(lines) + '\n\n- goodput: productive step time (less the steps trained '
+          'again after a restart) over the wall time of every session; the other columns: '
+          'shares of that wall time (docs/performance.md, analysis/goodput.py).\n')
+
+
 def compare(summaries: list[dict], out_dir: str) -> str:
   """Writes the comparison of the runs' `summaries` (run_summary) into `out_dir`; returns the
   markdown table."""
@@ -92,6 +117,7 @@ def compare(summaries: list[dict], out_dir: str) -> str:
   names = _names(summaries)
   storage.makedirs(out_dir)
   md = '# Gated-attention runs compared\n\n' + markdown_table(summaries, names)
+  md += '\n## Where the time went\n\n' + time_table(summaries, names)
   figures = {
       'f_attn_per_layer.png': plots.per_layer_compare_figure(
           {n: s['f_attn_per_layer'] for n, s in zip(names, summaries)},

@@ -127,6 +127,10 @@ class Train:
   stop_timeout: int = 300       # seconds from a stop signal (SIGTERM, Ctrl-C) after which a
                                 # process that has not stopped exits anyway (a peer or the
                                 # storage that does not answer; training/interrupt.py)
+  # A profiler trace (training/profile.py): RUN/profile/, for TensorBoard / XProf and Perfetto.
+  profile_steps: int = 0        # steps to trace (0: no trace)
+  profile_start: int = 0        # the first traced step (0: the session's third, after compiling)
+  profile_processes: str = 'first'  # first (process 0 traces) | all (each process, a file set)
   init_from: str = ''           # a run directory: start from its latest parameters (fresh
                                 # optimizer and data), e.g. to fine-tune on other data
   # Stability (gated_attention/training/stability.py): non-finite steps are skipped (parameters

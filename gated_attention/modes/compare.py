@@ -16,7 +16,7 @@ def compare(run_dirs: list[str], out_dir: str) -> str:
     config = rundir.read_config(workdir)
     summaries.append(compare_lib.run_summary(
         workdir, config.get('variant', os.path.basename(workdir)), rundir.read_metrics(workdir),
-        rundir.read_report(workdir)))
+        rundir.read_report(workdir), rundir.read_goodput(workdir)))
   return compare_lib.compare(summaries, out_dir)
 
 

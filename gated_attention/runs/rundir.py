@@ -57,6 +57,8 @@ LOGS_DIR = 'logs'
 LOCK_FILE = 'trainer.lock'       # lock.py's: the one trainer of the run
 TENSORBOARD_DIR = 'tensorboard'
 LONG_CONTEXT_DIR = 'long_context'
+GOODPUT_DIR = 'goodput'           # session-<n>.json: each session's time by cause (training/goodput.py)
+PROFILE_DIR = 'profile'           # profiler traces (training/profile.py), for TensorBoard / XProf
 # What may differ from a run's saved config is declared on the config's fields: the model's in
 # their dataclass metadata (gated_attention/model/config.py), the rest in the schema's
 # (gated_attention/config/schema.py).
@@ -390,6 +392,41 @@ def read_long_context(workdir: str, tag: str) -> dict | None:
   return _read_report(storage.join(long_context_dir(workdir, tag), REPORT_FILE),
                       'the evaluation', f'python main.py --mode=long_context --workdir={workdir} '
                       f'--config.long_context.tag={tag}')
+
+
+def goodput_session(workdir: str, number: int) -> str:
+  return storage.join(workdir, GOODPUT_DIR, f'session-{number:05d}.json')
+
+
+def _session_number(name: str) -> int | None:
+  stem = name[len('session-'):-len('.json')] if (name.startswith('session-')
+                                                   and name.endswith('.json')) else ''
+  return int(stem) if stem.isdigit() and stem.isascii() else None
+
+
+def goodput_session_numbers(workdir: str) -> list[int]:
+  """The session numbers taken in RUN/goodput/, ascending."""
+  names = storage.listdir(storage.join(workdir, GOODPUT_DIR))
+  return sorted(n for n in map(_session_number, names) if n is not None)
+
+
+def read_goodput(workdir: str) -> list[dict]:
+  """The sessions' time accounts (RUN/goodput/session-<n>.json), in order; [] for a run that
+  has none (trained before they were kept). An unreadable one is skipped with a warning."""
+  sessions = []
+  for number in goodput_session_numbers(workdir):
+    path = goodput_session(workdir, number)
+    try:
+      record = json.loads(storage.read_bytes(path))
+    except (OSError, ValueError) as e:   # a folder under its name, a write cut short
+      _warn(f'Warning: {path} cannot be read ({type(e).__name__}); that session is left out '
+            'of the goodput account.')
+      continue
+    if isinstance(record, dict) and isinstance(record.get('seconds'), dict):
+      sessions.append(record)
+    else:
+      _warn(f'Warning: {path} is not a session account; left out of the goodput account.')
+  return sessions
 
 
 def checkpoint_steps(workdir: str) -> list[int]:

@@ -36,12 +36,15 @@ from gated_attention.runs import lock as lock_lib
 from gated_attention.runs import rundir as workdir_lib
 from gated_attention.training import evaluate as eval_lib
 from gated_attention.model import transformer as model_lib
-from gated_attention.training import prefetch, stability
+from gated_attention.training import goodput, prefetch, stability
+from gated_attention.training import profile as profile_lib
 from gated_attention.training.interrupt import Interrupt
 from gated_attention import compilation_cache, liveness, sharding
 from gated_attention.training import train as train_lib
 from gated_attention.errors import CheckpointError, ConfigError, UserError
+from gated_attention.analysis import goodput as goodput_lib
 from gated_attention.training.reporting import MetricsWriter, Progress, Throughput
+from gated_attention.training.reporting import device_memory
 
 
 class TrainingStopped(UserError):
@@ -68,6 +71,7 @@ def check_loop_config(config):
     raise ConfigError(f'config.train.stop_timeout={tc.stop_timeout} must be positive seconds: '
                       'how long a stopping process may take before it exits anyway.')
   stability.check_config(tc)
+  profile_lib.check_config(tc)
   depth = config.data.get('device_prefetch', 2)
   if depth < 0:
     raise ConfigError(f'config.data.device_prefetch={depth} must be >= 0 (batches read ahead '
@@ -93,6 +97,7 @@ class Run:
   rollbacks: int = 0
   pending: list = dataclasses.field(default_factory=list)  # (step, device metrics) to check
   per_process_stream: bool = False   # a run saved before issue 45 by several processes
+  account: goodput.Account = dataclasses.field(default_factory=goodput.Account)  # time by cause
 
   @property
   def abstract_state(self) -> dict:
@@ -200,23 +205,25 @@ def _say(text: str):
     print(text, flush=True)
 
 
-def start_run(config, workdir: str, setup: train_lib.Setup | None = None) -> Run:
+def start_run(config, workdir: str, setup: train_lib.Setup | None = None,
+              account: goodput.Account | None = None) -> Run:
   """Data, mesh, compiled steps; the state from scratch, a warm start, or the latest intact
   checkpoint. `setup`: one already built for this config (seeds.py shares one among seeds);
-  None builds it."""
+  None builds it. `account`: the session's time account, begun at the process start (None: a
+  new one)."""
   check_loop_config(config)
   workdir_lib.check_workdir(workdir)
   lock = lock_lib.RunLock(workdir)
   lock.acquire(warn=_say)                          # one trainer per run, before any write
   try:
-    return _start_locked(config, workdir, lock, setup)
+    return _start_locked(config, workdir, lock, setup, account or goodput.Account())
   except BaseException:
     lock.release()
     raise
 
 
 def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
-                  setup: train_lib.Setup | None = None) -> Run:
+                  setup: train_lib.Setup | None, account: goodput.Account) -> Run:
   """start_run's work once this trainer holds the run directory's lock."""
   tc = config.train
   per_process = _per_process_streams(workdir)
@@ -239,8 +246,10 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
       workdir, config, resuming_data=latest is not None and checkpointer.has_data(latest))
   run = Run(config, workdir, data, setup, checkpointer, MetricsWriter(workdir),
              stability.Guard(tc, config.model.vocab_size), lock=lock,
-             per_process_stream=per_process)
+             per_process_stream=per_process, account=account)
+  account.lap('startup')
   restored = checkpointer.restore_latest(run.abstract_state, data.train_iter, warn=_say)
+  account.lap('restore')
   if restored is not None:
     _say_topology(restored, setup)
     run.adopt(restored)
@@ -344,6 +353,7 @@ def _log_train(run: Run, metrics, throughput: Throughput):
 
 def _evaluate_and_log(run: Run) -> dict:
   val = evaluate(run.setup, run.params, run.data)
+  val.update(device_memory())       # peak bytes in use, where the backend reports them
   run.writer.write(run.step, 'val', val)
   run.progress.write(f'step {run.step}: val loss {val["loss"]:.4f} ppl {val["ppl"]:.2f} '
                      f'F-Attn {val["f_attn_mean"]:.3f} M-Act {val["m_act_mean"]:.1f}')
@@ -388,12 +398,15 @@ def log_evaluate_save(run: Run, metrics, throughput: Throughput, due: list[bool]
     _log_train(run, metrics, throughput)
   else:
     run.progress.update(run.step, None)
+  run.account.lap('steps')
   if due[1]:
     val = _evaluate_and_log(run)
     throughput.reset()
+    run.account.lap('eval')
   if due[2] and run.guard.calm:                    # never a state taken while spiking
     run.save()
     saved = True
+    run.account.lap('checkpoint')
   elif due[2] and run.step == run.config.train.steps:
     _say_not_saved(run)
   return val, saved
@@ -403,9 +416,11 @@ def save_on_interrupt(run: Run, what, saved: bool):
   """A signal stopped the loop (`what`: 'signal 15', or Interrupt.describe()): the state is
   saved unless it just was or is not calm (every process decides alike: the guard's state is
   the same everywhere)."""
+  run.account.lap('steps')
   if not saved and check_pending(run) is None and run.guard.calm:
     run.save()
     saved = True
+  run.account.lap('checkpoint')
   what = what if isinstance(what, str) else f'signal {what}'
   hosts = ' on every host' if jax.process_count() > 1 else ''
   if run.step == 0:
@@ -422,29 +437,48 @@ def save_on_interrupt(run: Run, what, saved: bool):
 
 
 def _train(run: Run, interrupt: Interrupt) -> dict:
-  """Steps until the end or a signal; returns the last validation row."""
-  tc, setup = run.config.train, run.setup
+  """Steps until the end or a signal; returns the last validation row. The session's account
+  gets a lap at each boundary between its causes (goodput.py)."""
+  tc, setup, account = run.config.train, run.setup, run.account
   throughput = Throughput(run.config, setup.model_cfg)
+  profiler = profile_lib.Profiler(tc, run.workdir, run.step, say=run.progress.write)
   val, last_saved = None, run.step
+  account.lap('startup')
   with jax.set_mesh(setup.mesh):
-    while run.step < tc.steps and not interrupt.stop_now():
-      run.checkpointer.check_for_errors()          # a failed async save stops at the next step
-      start = time.perf_counter()
-      batch = next(run.data.train_iter)            # global arrays, on the devices (prefetch.py)
-      throughput.tick(data_wait=time.perf_counter() - start)
-      metrics = _step(run, batch, interrupt)
-      due = due_now(run)
-      if any(due):
-        failure = check_pending(run)
-        if failure is not None:
-          _recover(run, failure)
-          throughput.reset()
-          continue
-      new_val, saved = log_evaluate_save(run, metrics, throughput, due)
-      val = new_val if new_val is not None else val
-      last_saved = run.step if saved else last_saved
-    if interrupt.stopped:
-      save_on_interrupt(run, interrupt.describe(), last_saved == run.step)
+    try:
+      while run.step < tc.steps and not interrupt.stop_now():
+        run.checkpointer.check_for_errors()        # a failed async save stops at the next step
+        profiler.before(run.step + 1)
+        start = time.perf_counter()
+        batch = next(run.data.train_iter)          # global arrays, on the devices (prefetch.py)
+        throughput.tick(data_wait=time.perf_counter() - start)
+        account.lap('data_wait')
+        with profiler.annotate(run.step + 1):
+          metrics = _step(run, batch, interrupt)
+        if run.step == profiler.last:
+          account.lap('steps')
+          profiler.after(run.step, (run.params, run.opt_state))
+          account.lap('profile')
+        due = due_now(run)
+        if any(due):
+          failure = check_pending(run)
+          if failure is not None:
+            account.lap('steps')
+            _recover(run, failure)
+            account.lap('restore')
+            throughput.reset()
+            continue
+        new_val, saved = log_evaluate_save(run, metrics, throughput, due)
+        val = new_val if new_val is not None else val
+        last_saved = run.step if saved else last_saved
+        if any(due):
+          account.publish(run.step)
+      if interrupt.stopped:
+        save_on_interrupt(run, interrupt.describe(), last_saved == run.step)
+    finally:
+      account.lap('steps')
+      profiler.close(run.step)
+      account.lap('profile')
   return val
 
 
@@ -470,8 +504,9 @@ def run(config, workdir: str, on_finish=None) -> dict:
   # (otherwise jax.distributed's preemption notifier takes SIGTERM and training goes on). One
   # process: a Ctrl-C while it starts stops it at once (main.py), as it always did.
   early = Interrupt(config.train.stop_timeout) if jax.process_count() > 1 else None
+  account = goodput.Account()                      # this session's time, from the process start
   try:
-    state = start_run(config, workdir)
+    state = start_run(config, workdir, account=account)
   except BaseException:
     if early is not None:
       early.restore()
@@ -480,13 +515,22 @@ def run(config, workdir: str, on_finish=None) -> dict:
   liveness.hint = lambda: _resume_hint(state)
   interrupt = early or Interrupt(config.train.stop_timeout)
   try:
+    account.begin(workdir, state.step)
     val = _train(state, interrupt)
   except BaseException:   # the first error is the one reported; closing must not hide it
     close_run(state, raise_errors=False)
+    account.finish(state.step, 'failed')
     interrupt.restore()
     liveness.hint = None
     raise
   close_run(state)
+  memory = device_memory()
+  if account.finish(state.step, 'interrupted' if interrupt.stopped else 'finished', **memory):
+    _say(goodput_lib.describe(goodput_lib.summarize(workdir_lib.read_goodput(workdir))))
+  if memory:
+    _say(f'Device memory: peak {memory["memory_peak_gib"]:.2f} GiB in use on one device'
+         + (f' of {memory["memory_limit_gib"]:.2f} GiB' if 'memory_limit_gib' in memory else '')
+         + '.')
   interrupt.restore()
   liveness.hint = None
   if (on_finish is not None and not interrupt.stopped

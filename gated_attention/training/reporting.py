@@ -280,6 +280,30 @@ class Progress:
       self.bar.close()
 
 
+def device_memory() -> dict:
+  """The devices' memory as the backend reports it (`memory_stats()`; TPU and GPU do, the CPU
+  does not: then {}): the largest peak and current bytes in use over this process's devices,
+  and their limit, in GiB."""
+  peak, now, limit = [], [], []
+  for device in jax.local_devices():
+    try:
+      stats = device.memory_stats()
+    except Exception:  # pylint: disable=broad-except   (a backend without the call)
+      stats = None
+    if not stats or 'peak_bytes_in_use' not in stats:
+      continue
+    peak.append(stats['peak_bytes_in_use'])
+    now.append(stats.get('bytes_in_use', 0))
+    if stats.get('bytes_limit'):
+      limit.append(stats['bytes_limit'])
+  if not peak:
+    return {}
+  out = {'memory_peak_gib': max(peak) / 2**30, 'memory_in_use_gib': max(now) / 2**30}
+  if limit:
+    out['memory_limit_gib'] = min(limit) / 2**30
+  return out
+
+
 class Throughput:
   """Step time, tokens/s, achieved TFLOP/s per device, (on known chips) MFU, and data_wait:
   the fraction of the wall time since the last reset spent waiting for batches."""
