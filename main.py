@@ -16,12 +16,17 @@ Any config field can be overridden: --config.train.steps=100 --config.model.num_
 
 import os
 import signal
+import sys
 
 
 def _stop_now(signum, frame):  # pylint: disable=unused-argument
   """Ctrl-C before training starts: stop at once. (A KeyboardInterrupt can land inside a garbage
   collection callback, where Python only prints it and goes on.) The training loop takes
-  SIGINT over while it trains: the first saves a checkpoint and stops."""
+  SIGINT over while it trains: the first saves a checkpoint and stops. A run's lock taken while
+  it starts is freed first (no other trainer waits for it to go stale)."""
+  lock = sys.modules.get('gated_attention.runs.lock')   # loaded: a lock may be held
+  if lock is not None:
+    lock.release_all()
   os.write(1, b'\nInterrupted: stopped at once. Checkpoints already written are intact; run the '
            b'same command again to resume from the latest.\n')
   os._exit(130)  # pylint: disable=protected-access

@@ -8,7 +8,7 @@ CHUNKED_MAX_T_CPU, then blockwise) was made from its output at three head dims.
 `--pytorch` adds PyTorch's fused causal attention (torch.nn.functional.scaled_dot_product_attention
 with enable_gqa, on the CPU with one torch thread per core this process may use; torch==2.13.0 from
 requirements-test.txt) as the last column: the same inputs and loss, timed the same way, and the
-largest difference of its gradients from the first JAX implementation's. The README's CPU section
+largest difference of its gradients from the first JAX implementation's. docs/performance.md
 uses it for the training-speed shapes (benchmarks/shapes.py):
 
   python -m benchmarks.attention --lengths=256 --tokens=4096 --heads=4,2,64 --rounds=15 --pytorch

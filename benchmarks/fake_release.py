@@ -4,7 +4,7 @@ authors' gated-Qwen3 layout (config.json + sharded safetensors), as their 1B_gat
 
   python -m benchmarks.fake_release make --out=/tmp/fake_1b_gate_headwise
   python -m benchmarks.fake_release measure --src=/tmp/fake_1b_gate_headwise --out=/tmp/exported
-  # the run-directory path (README, "Hugging Face models"):
+  # the run-directory path (docs/huggingface.md, "Import the authors' models"):
   /usr/bin/time -v python main.py --mode=import --hf=/tmp/fake_1b_gate_headwise --workdir=/tmp/r
   /usr/bin/time -v python main.py --mode=analyze --workdir=/tmp/r --config.data.seq_len=4096 \
       --config.train.batch_size=1 --config.data.val_batches=1

@@ -45,10 +45,9 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from experiments import sink_synthetic
 
-from experiments import sink_synthetic  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the runner's working dir
 
 SEEDS = [0, 1]
 VARIANTS = ['baseline', 'g1_elementwise']

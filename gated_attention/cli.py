@@ -158,7 +158,11 @@ def main(argv):
 
 
 def _stop_now(signum, frame):  # pylint: disable=unused-argument
-  """Ctrl-C before training starts (main.py installs the same before its imports)."""
+  """Ctrl-C before training starts (main.py installs the same before its imports); a run's lock
+  taken while it starts is freed first."""
+  lock = sys.modules.get('gated_attention.runs.lock')   # loaded: a lock may be held
+  if lock is not None:
+    lock.release_all()
   os.write(1, b'\nInterrupted: stopped at once. Checkpoints already written are intact; run the '
            b'same command again to resume from the latest.\n')
   os._exit(130)  # pylint: disable=protected-access

@@ -1,4 +1,6 @@
 """Where a run's files live: a local folder, or object storage (`gs://bucket/path`).
+One file, one concern: the file API every module calls (objects with preconditions, gs:// names
+and the bounds on waits are already apart: storage_objects.py, storage_names.py, storage_waits.py).
 
 Every file the project writes or reads itself (config.json, metrics, reports, the lock, data
 files) goes through these functions; orbax reaches the same storage through etils' epath and

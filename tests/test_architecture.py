@@ -5,6 +5,7 @@ hide a dependency that points the wrong way.
 """
 
 import ast
+import glob
 import os
 
 import pytest
@@ -140,3 +141,36 @@ def test_the_documented_table_is_the_enforced_one():
                         {m.strip() for m in may.split(',')})
   enforced = {name: allowed - {name} for name, allowed in ALLOWED.items()}
   assert documented == enforced
+
+
+def _edits_sys_path_on_import(path: str) -> list[int]:
+  """Lines of the module's top-level statements (those that run on import, `if __name__ ==
+  '__main__':` blocks left out) that change sys.path."""
+  tree = ast.parse(open(path).read())
+  body = [s for s in tree.body if not (
+      isinstance(s, ast.If) and isinstance(s.test, ast.Compare) and
+      isinstance(s.test.left, ast.Name) and s.test.left.id == '__name__')]
+  lines, todo = set(), list(body)
+  while todo:
+    node = todo.pop()
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+      continue                                     # runs when called, not on import
+    if (isinstance(node, ast.Attribute) and node.attr == 'path' and
+        isinstance(node.value, ast.Name) and node.value.id == 'sys'):
+      lines.add(node.lineno)
+    todo.extend(ast.iter_child_nodes(node))
+  return sorted(lines)
+
+
+def test_scripts_run_as_modules_without_editing_sys_path(tmp_path):
+  """benchmarks/ and experiments/ run from the repository root as modules (`python -m
+  benchmarks.runner`), so none edits sys.path when imported (a worker function may)."""
+  bad = [f'{os.path.relpath(p, ROOT)}:{line}'
+         for folder in ('benchmarks', 'experiments')
+         for p in sorted(glob.glob(os.path.join(ROOT, folder, '*.py')))
+         for line in _edits_sys_path_on_import(p)]
+  assert not bad, bad
+  probe = tmp_path / 'probe.py'
+  probe.write_text('import os, sys\nREPO = 1\nsys.path.insert(0, REPO)\n\n\ndef f():\n'
+                   '  sys.path.append(2)\n\n\nif __name__ == "__main__":\n  sys.path.pop()\n')
+  assert _edits_sys_path_on_import(str(probe)) == [3]

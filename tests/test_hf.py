@@ -523,6 +523,11 @@ def test_imported_run_trains_from_its_weights(imported, tmp_path):
   kernel = np.asarray(before['blocks']['attn']['gate']['kernel'])
   np.testing.assert_allclose(np.asarray(after.params['blocks']['attn']['gate']['kernel']),
                              kernel, atol=0.05)   # ... a small step away from them
+  # Trained here, on documents that start with BOS (<s> = 96): its export puts BOS first.
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  interop.export_run(run, str(tmp_path / 'hf'))
+  transformers = pytest.importorskip('transformers')
+  assert transformers.AutoTokenizer.from_pretrained(tmp_path / 'hf')('w3 w5').input_ids == [96, 3, 5]
 
 
 def test_export_of_an_imported_run_gives_back_the_files(imported, tmp_path):
@@ -536,6 +541,12 @@ def test_export_of_an_imported_run_gives_back_the_files(imported, tmp_path):
   for name in src:
     np.testing.assert_array_equal(got[name].get(name), src[name].get(name))
   assert 'tokenizer.json' in out['files']
+  # Trained without BOS (the fixture's tokenizer adds none): the export keeps that behaviour.
+  with open(os.path.join(FIXTURES, 'headwise_untied', 'tokenizer.json'), 'rb') as f:
+    assert (tmp_path / 'hf' / 'tokenizer.json').read_bytes() == f.read()
+  transformers = pytest.importorskip('transformers')
+  fast = transformers.AutoTokenizer.from_pretrained(tmp_path / 'hf')
+  assert fast('w3 w5').input_ids == fast('w3 w5', add_special_tokens=False).input_ids == [3, 5]
 
 
 def test_import_refuses_a_workdir_that_holds_a_run(imported):
@@ -601,6 +612,86 @@ def test_the_byte_tokenizer_json_encodes_as_the_byte_tokenizer(tmp_path):
   for text in texts[:50]:
     assert fast(text, add_special_tokens=False)['input_ids'] == ours.encode(text), repr(text)
     assert fast.decode(ours.encode(text)) == text, repr(text)
+
+
+def _pipeline_greedy(model_dir, prompts, max_new_tokens, **kwargs) -> list[str]:
+  """Greedy continuations of `prompts` by transformers' pipeline('text-generation')."""
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  pipe = transformers.pipeline('text-generation', model=str(model_dir), dtype=torch.float32)
+  return [pipe(p, do_sample=False, max_new_tokens=max_new_tokens, return_full_text=False,
+               **kwargs)[0]['generated_text'] for p in prompts]
+
+
+def test_an_export_puts_bos_first_and_the_pipeline_generates_as_mode_sample(tmp_path):
+  """Issue 48: the exported tokenizer of a byte-tokenizer run trained here puts BOS (256) before
+  every text by itself, so `AutoTokenizer` and pipeline('text-generation') need no flag: the
+  pipeline's greedy continuations equal --mode=sample's (which starts every prompt with BOS),
+  for the export and for the run imported from it, exported again (its tokenizer kept BOS
+  first). Fed without BOS, the same model continues otherwise (so the check sees BOS)."""
+  transformers = pytest.importorskip('transformers')
+  from gated_attention.modes import sample  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  config = _tiny_config('none', tied=False)
+  config.model.vocab_size = 257                  # the byte tokenizer's (data.tokenizer='byte')
+  save_hf(config, _random_params(config, seed=3), tmp_path / 'hf')
+  fast = transformers.AutoTokenizer.from_pretrained(tmp_path / 'hf')
+  assert fast('hello').input_ids == [256, 104, 101, 108, 108, 111]
+  assert fast('hello', add_special_tokens=False).input_ids == [104, 101, 108, 108, 111]
+  with open(tmp_path / 'hf' / 'tokenizer_config.json') as f:
+    assert json.load(f)['add_bos_token'] is True
+  interop.import_run(str(tmp_path / 'hf'), str(tmp_path / 'run'))
+  interop.export_run(str(tmp_path / 'run'), str(tmp_path / 'again'))
+  again = transformers.AutoTokenizer.from_pretrained(tmp_path / 'again')
+  assert again('hello').input_ids == [256, 104, 101, 108, 108, 111]
+  prompts = ['def f(x):', 'hello', 'The cat']
+  ours = sample.sample(str(tmp_path / 'run'), prompts, max_new_tokens=12)
+  assert _pipeline_greedy(tmp_path / 'hf', prompts, 12) == ours
+  assert _pipeline_greedy(tmp_path / 'again', prompts, 12) == ours
+  without = _pipeline_greedy(tmp_path / 'hf', prompts, 12, add_special_tokens=False)
+  assert all(a != b for a, b in zip(without, ours)), (without, ours)
+
+
+def _bpe_tokenizer_json(tmp_path) -> str:
+  """input_pipeline.bpe's byte-level BPE (BOS <|endoftext|> = 0) trained on a few documents,
+  with the ByteLevel post-processor many released tokenizers carry (Qwen's among them)."""
+  tokenizers = pytest.importorskip('tokenizers')
+  from gated_attention.input_pipeline import bpe  # pylint: disable=g-import-not-at-top
+  data = tmp_path / 'docs.jsonl'
+  with open(data, 'w') as f:
+    for i in range(40):
+      f.write(json.dumps({'text': f'def f{i}(x):\n  return x + {i}\nhello world {i}'}) + '\n')
+  c = scales.get_config('tiny')
+  c.data.update(source='jsonl', path=str(data))
+  path = str(tmp_path / 'bpe' / 'tokenizer.json')
+  bpe.train_bpe(c.data, 300, path)
+  tok = tokenizers.Tokenizer.from_file(path)
+  tok.post_processor = tokenizers.processors.ByteLevel(trim_offsets=False)
+  tok.save(path)
+  return path
+
+
+def test_a_bpe_run_export_puts_bos_first_and_its_import_keeps_it(tmp_path):
+  """A run trained here on a BPE tokenizer.json: the export's tokenizer puts BOS first and then
+  the ids the run's own tokenizer gives; imported and exported again, it still does."""
+  transformers = pytest.importorskip('transformers')
+  from gated_attention.input_pipeline.tokenizer import HFTokenizer  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  path = _bpe_tokenizer_json(tmp_path)
+  ours = HFTokenizer(path)
+  assert (ours.bos_token, ours.bos_id) == ('<|endoftext|>', 0)
+  config = _tiny_config('none')
+  config.data.tokenizer = path
+  config.model.vocab_size = ours.vocab_size
+  save_hf(config, _random_params(config), tmp_path / 'hf')
+  text = 'def f7(x):\n  return x + 7'
+  for out in ('hf', 'again'):
+    fast = transformers.AutoTokenizer.from_pretrained(tmp_path / out)
+    assert fast(text).input_ids == [0] + ours.encode(text), out
+    assert fast(text, add_special_tokens=False).input_ids == ours.encode(text), out
+    if out == 'hf':
+      interop.import_run(str(tmp_path / 'hf'), str(tmp_path / 'run'))
+      interop.export_run(str(tmp_path / 'run'), str(tmp_path / 'again'))
 
 
 def test_sharded_export_from_the_command_line(tmp_path_factory):
@@ -672,7 +763,9 @@ def test_lm_eval_harness_scores_an_export_as_our_model_does(tmp_path, monkeypatc
   lm-evaluation-harness (its `hf` model, Python API) on the local task tests/fixtures/lm_eval
   (32 made-up questions, 96 requests): every request is the (context, continuation) the task
   defines, and every log-likelihood the harness logs equals our model's for the same tokens
-  (1e-4), as do acc and acc_norm; with add_bos_token=True (the README's recipe) and without."""
+  (1e-4), as do acc and acc_norm; with add_bos_token=True and without: the exported tokenizer
+  puts BOS first by itself (issue 48), and the harness (0.4.13) follows the tokenizer's default
+  when add_bos_token is not given, so both feed BOS before each context."""
   monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
   monkeypatch.setenv('HF_HUB_OFFLINE', '1')
   monkeypatch.setenv('HF_DATASETS_CACHE', str(tmp_path / 'datasets'))  # read when first imported
@@ -706,7 +799,7 @@ def test_lm_eval_harness_scores_an_export_as_our_model_does(tmp_path, monkeypatc
     requests = [tuple(a) for s in samples for a in s['arguments']]
     theirs = [tuple(r[0]) for s in samples for r in s['resps']]
     assert requests == want_requests
-    ours = _our_loglikelihoods(gen, run.tokenizer, requests, bos)
+    ours = _our_loglikelihoods(gen, run.tokenizer, requests, bos=True)
     err = max(abs(a[0] - b[0]) for a, b in zip(ours, theirs))
     assert err < 1e-4, f'add_bos_token={bos}: max |ours - harness| = {err:.2e}'
     assert [g for _, g in ours] == [g for _, g in theirs]

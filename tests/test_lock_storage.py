@@ -296,3 +296,71 @@ def test_a_heartbeat_carried_out_after_its_answer_was_lost_is_still_ours(gcs):
   other.refresh()                                      # not a beat of its own: taken over
   assert other.lost and 'now names' in other.lost
   other.release()
+
+
+# A Ctrl-C while a run starts (issue 48) ---------------------------------------------------------
+
+_CTRL_C = """
+import os, signal, sys, time
+workdir, handler = sys.argv[1], sys.argv[2]
+sys.argv = ['main.py']
+import main                                  # main.py's handler: a Ctrl-C before training stops at once
+if handler == 'cli':                         # the console command's (gated_attention/cli.py)
+  from gated_attention import cli
+  signal.signal(signal.SIGINT, cli._stop_now)
+from gated_attention.runs import lock as lock_lib
+lock_lib.RunLock(workdir, heartbeat_s=3600.0).acquire()
+print('HELD', flush=True)
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize('where,handler', [('local', 'main'), ('gcs', 'main'), ('local', 'cli')])
+def test_a_ctrl_c_while_a_run_starts_frees_its_lock(where, handler, tmp_path, request):
+  """Ctrl-C before training starts exits at once (status 130, no `finally` runs); the lock the
+  run took is freed first: the next trainer takes the run without taking over a dead holder's
+  lock (on gs://, from another host, it would have waited 5 minutes for the heartbeat to age)."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  workdir = (request.getfixturevalue('gcs').url('run') if where == 'gcs'
+             else str(tmp_path / 'run'))
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run([sys.executable, '-c', _CTRL_C, workdir, handler], cwd=repo,
+                        capture_output=True, text=True, timeout=120,
+                        env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': repo})
+  assert done.returncode == 130 and 'HELD' in done.stdout, (done.stdout, done.stderr[-2000:])
+  assert 'Interrupted: stopped at once' in done.stdout
+  if where == 'local':
+    assert not os.path.exists(os.path.join(workdir, 'trainer.lock'))
+  else:
+    assert json.loads(storage.read_bytes(storage.join(workdir, 'trainer.lock')))['released']
+  warnings = []
+  taker = _lock(workdir)
+  taker.acquire(warn=warnings.append)
+  taker.release()
+  assert not warnings, warnings
+
+
+def test_an_acquire_interrupted_after_writing_the_lock_frees_it(tmp_path, monkeypatch):
+  """A Ctrl-C that lands after the lock file is written but before acquire returns: the lock is
+  freed on the way out (it holds this trainer's record); a refused trainer leaves the holder's."""
+  workdir = str(tmp_path / 'run')
+  lock = _lock(workdir)
+  write_new = lock._write_new               # pylint: disable=protected-access
+
+  def written_then_interrupted(holder):
+    assert write_new(holder)
+    raise KeyboardInterrupt
+  monkeypatch.setattr(lock, '_write_new', written_then_interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    lock.acquire()
+  assert lock.read() is None and not lock.held
+  holder = _lock(workdir)
+  holder.acquire()
+  with pytest.raises(CheckpointError, match='in use'):
+    _lock(workdir).acquire()
+  assert holder.read() == holder._mine      # pylint: disable=protected-access
+  holder.release()
+  assert lock_lib._TAKING == set()          # pylint: disable=protected-access

@@ -113,7 +113,7 @@ def answer_accuracy(docs_NxT: np.ndarray, pred_NxT1: np.ndarray, nll_NxT1: np.nd
 
 def retrieval_accuracy(gen, task, lengths: list[int], count: int, batch: int) -> dict:
   """A synthetic task with answer positions (mqar), per length L: answer_accuracy on `count`
-  retrieval probes of L + 1 tokens (synthetic.MQARTask.probe_document: each key queried once, so
+  retrieval probes of L + 1 tokens (mqar.MQARTask.probe_document: each key queried once, so
   each answer's only source is its pair, at a distance spread up to L), through the Generator's
   cached chunks (token_scores); None for a length too short for the pairs and their queries."""
   edges = [0] + list(lengths)

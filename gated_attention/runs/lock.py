@@ -56,6 +56,20 @@ from gated_attention.runs.rundir import LOCK_FILE
 
 HEARTBEAT_S = 30.0
 STALE_S = 300.0
+_TAKING = set()   # this process's RunLocks that hold, or are taking, their run directory
+
+
+def release_all():
+  """Frees every lock this process holds or was taking (`release(taking=True)`), for a stop that
+  exits at once, where no `finally` runs (main.py's Ctrl-C while a run starts). Without it the
+  lock stays behind: the next trainer on this machine takes it over at once (its pid is gone),
+  but on object storage another host waits `stale_s` (5 minutes). An error leaves the lock to go
+  stale as before."""
+  for lock in list(_TAKING):
+    try:
+      lock.release(taking=True)
+    except Exception:  # pylint: disable=broad-except
+      pass
 
 
 def _boot_id() -> str | None:
@@ -219,14 +233,19 @@ class RunLock:
     mine = dict(host=socket.gethostname(), pid=os.getpid(), started=now, heartbeat=now,
                 process_start=_process_start(os.getpid()), boot_id=_boot_id(),
                 pid_ns=_pid_namespace())
-    if self.remote:
-      taken = self._acquire_object(mine, warn)
-    else:
-      taken = self._acquire_file(mine, warn)
+    self._mine = mine           # what the lock holds once written: release(taking=True) frees it
+    _TAKING.add(self)
+    try:
+      taken = (self._acquire_object if self.remote else self._acquire_file)(mine, warn)
+    except BaseException:       # refused (another trainer's lock is left alone), or a Ctrl-C
+      self.release(taking=True)   # that landed after the lock was written, before it was held
+      raise
     if not taken:
+      _TAKING.discard(self)
       raise CheckpointError(f'Could not take the lock file {self.path}: other trainers keep '
                             'taking it; make sure only one trainer runs in this directory.')
     self._mine, self.held, self._heard = mine, True, time.time()
+    self._stop.clear()
     self._thread = threading.Thread(target=self._beat, name='run-lock-heartbeat', daemon=True)
     self._thread.start()
 
@@ -389,8 +408,11 @@ class RunLock:
           'the run over, so it stops without saving. The checkpoints already written are intact: '
           'run the same command again once the storage answers.')
 
-  def release(self):
-    """Removes the lock file if it is still ours."""
+  def release(self, taking: bool = False):
+    """Removes the lock file if it is still ours. `taking`: also when acquire was interrupted
+    (it may have written the lock without knowing so): the lock is freed if it holds this
+    trainer's record, which no other trainer's ever equals."""
+    _TAKING.discard(self)
     self._stop.set()
     if self._thread is not None:  # a beat in flight ends within its request's bound
       self._thread.join(storage_waits.request_timeout() + 1.0)
@@ -404,7 +426,16 @@ class RunLock:
             self._object.write(released, if_generation=version.generation)
       except storage.StorageError:
         pass                    # it goes stale by its heartbeat's age
-    elif self.held and not self.lost and self.read() == self._mine:
+    elif taking and not self.held and self.remote and self._mine is not None:
+      try:
+        version = self._object.read()
+        if version is not None and _holder(version.data) == self._mine:
+          self._object.write(json.dumps({'released': True, 'by': self._mine}),
+                             if_generation=version.generation)
+      except storage.StorageError:
+        pass
+    elif ((self.held or taking) and not self.lost and not self.remote and self._mine is not None
+          and self.read() == self._mine):
       try:
         os.remove(self.path)
       except OSError:

@@ -176,7 +176,7 @@ def _bos(config, tokenizer_files: list, byte_tokenizer: bool) -> tuple[str, int]
   from gated_attention.input_pipeline import make_tokenizer  # pylint: disable=g-import-not-at-top
   tok = make_tokenizer(str(config.data.tokenizer) if not tokenizer_files
                        else tokenizer_files[0][0])
-  return getattr(tok, 'bos_token', None), int(tok.bos_id)
+  return getattr(tok, 'bos_token', None) or getattr(tok, 'BOS_TOKEN', None), int(tok.bos_id)
 
 
 def _tokenizer_config(out_dir: str, bos_token: str) -> dict | None:
@@ -201,6 +201,37 @@ def _tokenizer_config(out_dir: str, bos_token: str) -> dict | None:
   return cfg
 
 
+def _put_bos_first(out_dir: str, bos_token: str, bos_id: int):
+  """Makes the tokenizer in `out_dir` put BOS before every text by itself, as every document
+  this project trains on starts with it (the model's attention sink position): tokenizer.json
+  gains a post-processor (after its own, if any) that `tokenizers` and `transformers` apply by
+  default (add_special_tokens=True), so `AutoTokenizer(text)`, `pipeline('text-generation')`
+  and lm-evaluation-harness (its `add_bos_token` unset) feed the model what it saw in training;
+  tokenizer_config.json says add_bos_token. A tokenizer that puts BOS first already is kept.
+  Encoding without special tokens (the project's HFTokenizer) gives the same ids as before."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  path = os.path.join(out_dir, 'tokenizer.json')
+  tok = tokenizers.Tokenizer.from_file(path)
+  puts_bos_first = lambda: tok.encode('a').ids == [bos_id] + tok.encode(
+      'a', add_special_tokens=False).ids          # ('a' may be unknown: its id may be BOS's)
+  if not puts_bos_first():
+    first = tokenizers.processors.TemplateProcessing(
+        single=[bos_token, '$A'], pair=[bos_token, '$A', bos_token, '$B'],
+        special_tokens=[(bos_token, bos_id)])
+    own = tok.post_processor
+    tok.post_processor = first if own is None else tokenizers.processors.Sequence([own, first])
+    if not puts_bos_first():
+      raise HFExportError(f'the exported tokenizer.json does not put BOS ({bos_token!r}, id '
+                          f'{bos_id}) first even with a post-processor that adds it.')
+    tok.save(path)
+  config_path = os.path.join(out_dir, 'tokenizer_config.json')
+  if os.path.isfile(config_path):
+    with open(config_path) as f:
+      cfg = json.load(f)
+    if isinstance(cfg, dict):
+      _write_json(config_path, dict(cfg, add_bos_token=True))
+
+
 def _write_json(path: str, obj: dict):
   with open(path, 'w') as f:
     json.dump(obj, f, indent=2, sort_keys=True)
@@ -209,11 +240,13 @@ def _write_json(path: str, obj: dict):
 
 def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
             max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, tokenizer_dir: str | None = None,
-            remote_code_dir: str | None = None) -> dict:
+            remote_code_dir: str | None = None, bos_first: bool | None = None) -> dict:
   """Writes `out_dir` as a HF model directory: safetensors, config.json,
   generation_config.json, the tokenizer files (a HF tokenizer.json run, or `tokenizer_dir`)
   and, for G1, the authors' modeling_qwen3.py / configuration_qwen3.py from `remote_code_dir`
-  if given. Everything is validated before anything is written; the directory appears whole
+  if given. `bos_first`: the exported tokenizer puts the run's BOS before every text by itself
+  (_put_bos_first), for parameters trained here, on documents that start with BOS; default: a
+  run trained here (no `config.hf`), not an import, whose tokenizer behaves as its source's. Everything is validated before anything is written; the directory appears whole
   (written beside it, then renamed). Returns {'format', 'files'}."""
   hf_config.check_exportable(config)
   if dtype not in EXPORT_DTYPES:
@@ -252,6 +285,8 @@ def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
     if byte_tokenizer:
       from gated_attention.input_pipeline.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
       ByteTokenizer().save_hf(tmp)
+    if bos is not None and (config.get('hf') is None if bos_first is None else bos_first):
+      _put_bos_first(tmp, *bos)
     if os.path.isdir(out_dir):
       os.rmdir(out_dir)
     os.rename(tmp, out_dir)

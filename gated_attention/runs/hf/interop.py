@@ -113,7 +113,10 @@ def export_run(workdir: str, out_dir: str, *, step: int | None = None, dtype: st
   convert.check_out_dir(out_dir)   # before the checkpoint is read: an --out that cannot be written
   run = rundir.load_run(workdir, step, config=config)
   step, params = run.step, jax.device_get(run.params)
+  # Trained here (every document started with BOS): the tokenizer puts BOS first. An import's
+  # own weights (its step 0) keep their source tokenizer's behaviour.
+  trained_here = config.get('hf') is None or step > IMPORT_STEP
   out = convert.save_hf(config, params, out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes,
-                        remote_code_dir=remote_code_dir)
+                        remote_code_dir=remote_code_dir, bos_first=trained_here)
   return dict(out, out_dir=storage.abspath(out_dir), step=step, seconds=round(time.time() - t0, 1),
               peak_rss_gib=round(_peak_rss_gib(), 2))
