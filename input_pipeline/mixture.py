@@ -19,9 +19,8 @@ docs/mixtures.md defines the order exactly enough to reproduce it elsewhere; in 
 - Document k (block b = k // BLOCK, position j = k % BLOCK) of source s is that source's
   stream document i = b n_s + (occurrences of s among positions 0..j-1 of block b).
 - Source s's stream: epoch e = i // T_s (T_s: its training documents), document
-  train_ids_s[index_shuffle(i % T_s, max_index=T_s - 1, seed=(seed_s + e) % 2**32, rounds=4)]
-  (grain.experimental.index_shuffle: grain's MapDataset.shuffle(seed_s).repeat(), as a single
-  source is read), so a source that runs out starts its next epoch, reshuffled.
+  train_ids_s[Permutation(T_s, seed_s, e)(i % T_s)] (a keyed Feistel permutation, below: O(1)
+  per document, no index array), so a source that runs out starts its next epoch, reshuffled.
 - mix_seed and seed_s are pipeline._derive_seed(config.seed, 'mixture') and
   (config.seed, 'mixture/<name>').
 
@@ -130,7 +129,10 @@ def _check_tokenizers(items: list[tuple[str, object, float]]):
   for name, cfg, _ in items:
     if cfg.source != 'tokenized':
       continue
-    m = tokenized.read_manifest(cfg.path)
+    try:
+      m = tokenized.read_manifest(cfg.path)
+    except DataError as e:
+      raise _in_entry(name, cfg, e) from e
     key = (m['vocab_size'], m['bos_id'], m['tokenizer_fingerprint'])
     for other, other_key, other_m in seen:
       if key != other_key:
@@ -156,10 +158,15 @@ def _load(name: str, cfg, tokenizer: Tokenizer) -> Documents:
       return tokenized.TokenDocuments(cfg, tokenizer)
     return load_documents(cfg)
   except DataError as e:
-    raise DataError(
-        f'data.mixture.{name} (source={cfg.source!r}, path={cfg.path!r}): {e} In a mixture the '
-        f'entry\'s own settings are --config.data.mixture.{name}.source, .path, .text_field, '
-        '.hf_config and .hf_split (empty: the data section\'s).') from e
+    raise _in_entry(name, cfg, e) from e
+
+
+def _in_entry(name: str, cfg, e: DataError) -> DataError:
+  """A source's DataError, as the mixture entry `name`'s."""
+  return DataError(
+      f'data.mixture.{name} (source={cfg.source!r}, path={cfg.path!r}): {e} In a mixture the '
+      f'entry\'s own settings are --config.data.mixture.{name}.source, .path, .text_field, '
+      '.hf_config and .hf_split (empty: the data section\'s).')
 
 
 def _mean_tokens(docs: Documents, train_ids: np.ndarray, tokenizer: Tokenizer
@@ -259,28 +266,88 @@ class MixtureSelection(grain.transforms.DatasetSelectionMap):
     return out
 
 
-class TaggedEncode(grain.transforms.MapWithIndex):
-  """(stream index i, document id) -> {'tokens': BOS + ids, 'source': s, 'epoch': i // T_s}."""
+_M64 = (1 << 64) - 1
 
-  def __init__(self, docs: Documents, tokenizer: Tokenizer, source: int, num_train: int):
-    self.docs, self.tokenizer, self.source, self.num_train = docs, tokenizer, source, num_train
 
-  def map_with_index(self, index: int, doc_id) -> dict:
+def mix64(x: int) -> int:
+  """splitmix64's finaliser of a 64-bit integer."""
+  x &= _M64
+  x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+  x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+  return x ^ (x >> 31)
+
+
+class Permutation:
+  """A pseudo-random permutation of range(n) keyed by (seed, epoch), evaluated one index at a
+  time in O(1) time and memory (a corpus of a billion documents needs no shuffled index array):
+  a 4-round Feistel network on 2h bits (h = max(1, ceil(bitlength(n - 1) / 2))), round r's key
+  mix64((seed << 40) + (epoch << 8) + r + 0x9E3779B97F4A7C15), round function
+  mix64(right ^ key) & (2^h - 1), and cycle-walking: the network is applied again while the
+  result is >= n (fewer than 4 times on average)."""
+
+  ROUNDS = 4
+
+  def __init__(self, n: int, seed: int, epoch: int):
+    self.n = int(n)
+    self.half = max(1, -(-(self.n - 1).bit_length() // 2))
+    self.mask = (1 << self.half) - 1
+    self.keys = [mix64((int(seed) << 40) + (int(epoch) << 8) + r + 0x9E3779B97F4A7C15)
+                 for r in range(self.ROUNDS)]
+
+  def __call__(self, q: int) -> int:
+    if not 0 <= q < self.n:
+      raise IndexError(f'{q} is not in range({self.n})')
+    x, h, mask = int(q), self.half, self.mask
+    while True:
+      left, right = x >> h, x & mask
+      for key in self.keys:
+        left, right = right, left ^ (mix64(right ^ key) & mask)
+      x = (left << h) | right
+      if x < self.n:
+        return x
+
+
+class SourceStream:
+  """Source s's stream index i -> {'tokens': BOS + ids, 'source': s, 'epoch': i // T}: document
+  train_ids[Permutation(T, seed_s, epoch)(i % T)] (T: its training documents)."""
+
+  def __init__(self, docs: Documents, tokenizer: Tokenizer, source: int, train_ids: np.ndarray,
+               seed: int):
+    self.docs, self.tokenizer, self.source = docs, tokenizer, source
+    self.train_ids, self.seed = train_ids, int(seed)
+    self._perms = {}
+
+  def __getstate__(self):
+    return {k: v for k, v in self.__dict__.items() if k != '_perms'}
+
+  def __setstate__(self, state):
+    self.__dict__.update(state, _perms={})
+
+  def doc_id(self, index: int) -> tuple[int, int]:
+    """(document id, epoch) of stream index `index`."""
+    epoch, q = divmod(int(index), len(self.train_ids))
+    perm = self._perms.get(epoch)
+    if perm is None:
+      if len(self._perms) > 4:
+        self._perms.clear()
+      perm = self._perms[epoch] = Permutation(len(self.train_ids), self.seed, epoch)
+    return int(self.train_ids[perm(q)]), epoch
+
+  def __call__(self, index: int) -> dict:
+    doc_id, epoch = self.doc_id(index)
     if getattr(self.docs, 'tokens', False):
-      tokens = self.docs[int(doc_id)]
+      tokens = self.docs[doc_id]
     else:
-      tokens = self.tokenizer.encode_doc(self.docs[int(doc_id)])
-    return {'tokens': tokens, 'source': self.source, 'epoch': int(index) // self.num_train}
+      tokens = self.tokenizer.encode_doc(self.docs[doc_id])
+    return {'tokens': tokens, 'source': self.source, 'epoch': epoch}
 
 
 def mixed_documents(sources: list[Source], tokenizer: Tokenizer, seed: int,
                     derive_seed) -> grain.MapDataset:
   """The mixed stream of tagged token documents (unbounded)."""
-  streams = []
-  for s in sources:
-    ids = grain.MapDataset.source(s.train_ids).shuffle(seed=derive_seed(seed, f'mixture/{s.name}'))
-    streams.append(ids.repeat().map_with_index(
-        TaggedEncode(s.docs, tokenizer, s.index, len(s.train_ids))))
+  streams = [grain.MapDataset.range(sys.maxsize).map(SourceStream(
+      s.docs, tokenizer, s.index, s.train_ids, derive_seed(seed, f'mixture/{s.name}')))
+             for s in sources]
   selection = MixtureSelection([s.block_count for s in sources], derive_seed(seed, 'mixture'))
   return grain.MapDataset.select_from_datasets(streams, selection)
 
