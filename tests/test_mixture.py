@@ -506,3 +506,49 @@ def test_compare_has_a_column_per_source():
   assert '| val loss code | val loss web |' in header
   assert '| 1.4375 | 2.1250 |' in table.splitlines()[2]
   assert '| - | - |' in table.splitlines()[3]
+
+
+# --- a training run on a mixture --------------------------------------------------------------
+
+def _run_config(corpora, steps):
+  from tests.test_train import tiny_config  # pylint: disable=g-import-not-at-top
+  c = tiny_config(**{'train.steps': steps, 'train.batch_size': 4, 'train.log_every': 1,
+                     'train.eval_every': 3, 'train.checkpoint_every': 3, 'data.seq_len': 16,
+                     'data.val_fraction': 0.1, 'data.val_batches': 1, 'train.warmup_steps': 1,
+                     'train.min_learning_rate': 1e-2})   # constant after warm-up: the schedule
+                                                         # does not depend on train.steps
+  c.data.mixture = mix_cfg(corpora).mixture.to_dict()
+  return c
+
+
+@pytest.mark.slow
+def test_a_training_run_reports_each_source_and_resumes_exactly(corpora, tmp_path, capsys):
+  """Metrics rows: tokens/share/epochs per source (their sum: every target token), each
+  source's validation loss and their weighted mean; the end-of-run line; a run stopped at step 3
+  and resumed to 6 has the uninterrupted run's counts and losses."""
+  from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
+  from tests.test_train import read_metrics  # pylint: disable=g-import-not-at-top
+  whole, parts = str(tmp_path / 'whole'), str(tmp_path / 'parts')
+  loop.run(_run_config(corpora, 6), whole)
+  assert 'Tokens trained on per source up to step 6: code ' in capsys.readouterr().out
+  loop.run(_run_config(corpora, 3), parts)
+  loop.run(_run_config(corpora, 6), parts)
+  train, val = read_metrics(whole), read_metrics(whole, 'val')
+  names = sorted(CORPORA)
+  for step, row in train.items():
+    assert sum(row[f'tokens/{n}'] for n in names) == step * 4 * 16
+    assert all(row[f'epochs/{n}'] >= 1 for n in names)
+  assert train[6][f'tokens/web'] > train[3][f'tokens/web']
+  for step in (3, 6):
+    row = val[step]
+    assert row['loss'] == pytest.approx(sum(WEIGHTS[n] * row[f'loss/{n}'] for n in names))
+    assert len({round(row[f'loss/{n}'], 6) for n in names}) == 3     # three different sets
+  resumed = read_metrics(parts)
+  for step in (4, 5, 6):
+    for n in names:
+      assert resumed[step][f'tokens/{n}'] == train[step][f'tokens/{n}']
+      assert resumed[step][f'epochs/{n}'] == train[step][f'epochs/{n}']
+    assert resumed[step]['loss'] == pytest.approx(train[step]['loss'], rel=1e-5)
+  summary = compare.run_summary(whole, 'g1_elementwise',
+                                [r | {'step': s, 'split': 'val'} for s, r in val.items()], None)
+  assert set(summary['source_loss']) == set(names)
