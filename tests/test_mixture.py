@@ -312,6 +312,18 @@ def test_the_same_batches_for_one_and_two_processes(corpora):
                                      for b in val[name]])
 
 
+def test_worker_processes_give_the_same_batches(corpora):
+  """data.worker_count: the mixture's parts are pickled into a worker process."""
+  import gc  # pylint: disable=g-import-not-at-top
+  a = take(build_data(mix_cfg(corpora), global_batch_size=4, seed=0).train_iter, 6)
+  data = build_data(mix_cfg(corpora, worker_count=1), global_batch_size=4, seed=0)
+  assert_batches_equal(a, take(data.train_iter, 6))
+  assert data.accounting(data.train_iter.get_state())['tokens/web'] > 0
+  data.train_iter.close()
+  del data
+  gc.collect()
+
+
 def test_validation_is_per_source(corpora):
   data = build_data(mix_cfg(corpora, val_batches=3), global_batch_size=4, seed=0)
   sets = data.val_sets()
@@ -422,6 +434,12 @@ def test_the_schema_checks_mixture_entries():
   c.data.mixture = {'web': {'weight': 2, 'source': 'text', 'path': 'a/*.txt'}}
   schema.check(c)
   assert 'data.mixture' in schema.fixed_fields(schema.ITERATOR)   # a resume may not change it
+  from gated_attention.runs import rundir  # pylint: disable=g-import-not-at-top
+  saved = json.loads(json.dumps(c.to_dict()))
+  now = c.to_dict()
+  assert rundir.iterator_differences(saved, now) == []
+  now['data']['mixture']['web']['weight'] = 3
+  assert [d.split(':')[0] for d in rundir.iterator_differences(saved, now)] == ['data.mixture']
 
 
 def test_a_saved_mixture_config_reads_back(tmp_path):

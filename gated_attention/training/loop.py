@@ -350,7 +350,7 @@ def _log_train(run: Run, metrics, throughput: Throughput):
                  * run.lr_scale, loss_level=run.guard.level,
                  skipped_total=run.guard.totals['skipped'],
                  spikes_total=run.guard.totals['spikes'], **throughput.metrics(),
-                 **run.data.accounting(run.data.train_iter.get_state()))
+                 **_accounting(run))
   run.writer.write(run.step, 'train', metrics)
   run.progress.update(run.step, f'loss {float(metrics["loss"]):.4f} '
                       f'data_wait {100 * metrics["data_wait"]:.1f}%')
@@ -367,10 +367,17 @@ def _evaluate_and_log(run: Run) -> dict:
   return val
 
 
+def _accounting(run: Run) -> dict:
+  """A mixture's per-source counts at the last batch the loop took ({} for one source)."""
+  if not getattr(run.data, 'sources', None):
+    return {}
+  return run.data.accounting(run.data.train_iter.get_state())
+
+
 def mixture_summary(run: Run) -> str | None:
   """The end-of-run line of a mixture: each source's tokens trained on, their share against
   the weight, and the epochs it has begun (None for one source)."""
-  counts = run.data.accounting(run.data.train_iter.get_state())
+  counts = _accounting(run)
   if not counts:
     return None
   parts = [f'{s.name} {counts["tokens/" + s.name]:,} ({100 * counts["share/" + s.name]:.2f}% '
