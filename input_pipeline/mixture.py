@@ -162,11 +162,12 @@ def _load(name: str, cfg, tokenizer: Tokenizer) -> Documents:
 
 
 def _in_entry(name: str, cfg, e: DataError) -> DataError:
-  """A source's DataError, as the mixture entry `name`'s."""
-  return DataError(
-      f'data.mixture.{name} (source={cfg.source!r}, path={cfg.path!r}): {e} In a mixture the '
-      f'entry\'s own settings are --config.data.mixture.{name}.source, .path, .text_field, '
-      '.hf_config and .hf_split (empty: the data section\'s).')
+  """A source's DataError, as the mixture entry `name`'s: its flags named as the entry's."""
+  text = str(e)
+  for key in _FIELDS[1:]:
+    text = text.replace(f'--config.data.{key}', f'--config.data.mixture.{name}.{key}')
+  return DataError(f'data.mixture.{name} (source={cfg.source!r}, path={cfg.path!r}): {text} '
+                   '(An entry\'s empty fields take the data section\'s.)')
 
 
 def _mean_tokens(docs: Documents, train_ids: np.ndarray, tokenizer: Tokenizer

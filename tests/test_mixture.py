@@ -390,6 +390,12 @@ def _bad(corpora, tmp_path, case):
     entries['math']['path'] = other
   elif case == 'mix_ratio':
     return dict(mixture=entries, mix_tasks='all', mix_ratio=0.2)
+  elif case == 'tiny':
+    entries['math']['weight'] = 1e-7
+  elif case == 'name':
+    entries['web text'] = entries.pop('web')
+  elif case == 'synthetic':
+    entries['web']['source'] = 'synthetic'
   return dict(mixture=entries)
 
 
@@ -401,6 +407,9 @@ BAD = {
     'unknown_key': r'data\.mixture\.web has key\(s\) pathh.*weight, source, path',
     'tokenizers': r'data\.mixture\.code .* and data\.mixture\.math .* different tokenizers',
     'mix_ratio': r'data\.mix_ratio > 0 .* data\.mixture',
+    'tiny': r'data\.mixture\.math\.weight=.* less than one document in 65536',
+    'name': r"data\.mixture\.web text: a mixture entry's name is letters, digits",
+    'synthetic': r"data\.mixture\.web: source='synthetic' cannot be mixed",
 }
 
 
