@@ -48,6 +48,7 @@ BLOCK = 1 << 16          # documents per block of the mixed stream
 MEAN_SAMPLE_DOCS = 1024  # training documents tokenized for a text source's mean length
 SOURCES = ('text', 'jsonl', 'parquet', 'arrayrecord', 'hf', 'tokenized', 'builtin',
            'builtin_large')
+MAX_SOURCES = 127
 _NAME = re.compile(r'^[A-Za-z0-9_-]+$')
 _FIELDS = tuple(f.name for f in dataclasses.fields(schema.MixtureSource))
 _CACHED_BLOCKS = 4
@@ -81,7 +82,7 @@ def entries(data_cfg) -> list[tuple[str, object, float]]:
   """(name, the data section as that entry reads it, weight) of each entry, sorted by name;
   DataError (naming the entry and the fix) for a bad name, key, weight or source."""
   mixture = data_cfg.get('mixture')
-  if not hasattr(mixture, 'items'):
+  if not hasattr(mixture, 'items') or not mixture:
     raise DataError(f'data.mixture must map names to entries ({{"web": {{"weight": 0.7, '
                     f'"source": "tokenized", "path": "gs://..."}}, ...}}); got {mixture!r}.')
   if float(data_cfg.get('mix_ratio', 0.0)):
@@ -118,8 +119,9 @@ def entries(data_cfg) -> list[tuple[str, object, float]]:
       raise DataError(f'{where}: source={cfg.source!r} cannot be mixed; set '
                       f'--config.data.mixture.{name}.source to one of {", ".join(SOURCES)}.')
     out.append((name, cfg, float(weight)))
-  if not out:
-    raise DataError('data.mixture has no entries.')
+  if len(out) > MAX_SOURCES:
+    raise DataError(f'data.mixture has {len(out)} entries; at most {MAX_SOURCES} (each token '
+                    'carries its source as an int8); merge some corpora into one folder.')
   return out
 
 
