@@ -188,8 +188,8 @@ def main():
     print('Every process reads the whole global stream (issue 45), so a host\'s pipeline must '
           'also deliver the global batch: global batch x seq_len / step time tokens/s.\n')
     print('| slice | variant | step (s) | hosts | tokens/s per host | cores on the fly | '
-          'cores from shards | cores, mixture on gs:// | global stream tokens/s | '
-          'cores for it, mixture on gs:// |')
+          f'cores from shards | cores, {rows[-1][0]} | global stream tokens/s | '
+          f'cores for it, {rows[-1][0]} |')
     print('|---|---|---|---|---|---|---|---|---|---|')
     for (topology, chips), steps in AOT_STEP_S.items():
       hosts = chips // CHIPS_PER_HOST
