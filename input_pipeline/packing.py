@@ -64,3 +64,44 @@ class _PackIterator(grain.DatasetIterator):
     if state['offset']:
       self._next_doc()
       self._pos = state['offset']
+
+
+class TaggedPackIterDataset(PackIterDataset):
+  """PackIterDataset for documents that say where they come from: each parent element is
+  {'tokens': int32 [n], 'source': int, 'epoch': int} (a mixture's, input_pipeline/mixture.py)
+  and each window {'tokens': [length], 'source': int8 [length], 'epoch': int32 [length]}: the
+  same tokens PackIterDataset cuts, and per token its document's source and source epoch."""
+
+  def __iter__(self) -> grain.DatasetIterator:
+    return _TaggedPackIterator(self._parent.__iter__(), self._length)
+
+  def __str__(self):
+    return f'TaggedPackIterDataset(length={self._length})'
+
+
+class _TaggedPackIterator(_PackIterator):
+  """_PackIterator's states; the tags ride along with the tokens."""
+
+  def __init__(self, parent: grain.DatasetIterator, length: int):
+    super().__init__(parent, length)
+    self._tags = (0, 0)
+
+  def _next_doc(self):
+    self._doc_state = copy.deepcopy(self._parent.get_state())
+    doc = next(self._parent)
+    self._doc, self._pos = np.asarray(doc['tokens']), 0
+    self._tags = (int(doc['source']), int(doc['epoch']))
+
+  def __next__(self) -> dict:
+    tokens, source, epoch, need = [], [], [], self._length
+    while need:
+      if self._pos == len(self._doc):
+        self._next_doc()
+      take = min(need, len(self._doc) - self._pos)
+      tokens.append(self._doc[self._pos:self._pos + take])
+      source.append(np.full(take, self._tags[0], np.int8))
+      epoch.append(np.full(take, self._tags[1], np.int32))
+      self._pos += take
+      need -= take
+    return {'tokens': np.concatenate(tokens), 'source': np.concatenate(source),
+            'epoch': np.concatenate(epoch)}

@@ -32,6 +32,13 @@ ids of the source's documents from ArrayRecord shards, in the source's document 
 same split, order, packing, shares and iterator state as training from the source, and no
 tokenizer work.
 
+data.mixture (input_pipeline/mixture.py, docs/mixtures.md): several corpora, each read and split as
+one data.source is, their training documents drawn by weight into one stream (a function of the
+seed and the document index), packed with each token's source and source epoch, shuffled and
+batched as above; `MixtureAccounting` adds up each source's tokens and epochs in the iterator
+state (`Data.accounting`). Validation: data.val_batches batches of each source's held-out
+documents (`val_sets()`).
+
 data.source='synthetic' (input_pipeline/synthetic.py) replaces the documents by an unbounded index
 space of generated ones, train document i from (seed, i) (a per-process stream p of P reads
 p, p + P, ...; i.i.d., so neither the documents nor the windows are shuffled), and validation
@@ -46,7 +53,8 @@ import grain
 import numpy as np
 
 from gated_attention.input_pipeline.errors import DataError
-from gated_attention.input_pipeline.packing import PackIterDataset
+from gated_attention.input_pipeline import mixture as mixture_lib
+from gated_attention.input_pipeline.packing import PackIterDataset, TaggedPackIterDataset
 from gated_attention.input_pipeline import ruler
 from gated_attention.input_pipeline import synthetic
 from gated_attention.input_pipeline import tokenized
@@ -126,16 +134,25 @@ class Data:
   def val_batches(self) -> list[dict[str, np.ndarray]]:
     """data.val_batches local batches of held-out data; the same list on every call."""
     if self._val is None:
-      local = self._global_batch_size // self._process[1]
-      rows = slice(self._process[0] * local, (self._process[0] + 1) * local)
-      ds = self._val_windows().batch(self._global_batch_size, batch_fn=_to_batch)
-      it, self._val = iter(ds), []
-      for _ in range(self._cfg.val_batches):
-        batch = {k: v[rows].copy() for k, v in next(it).items()}
-        for v in batch.values():
-          v.setflags(write=False)
-        self._val.append(batch)
+      self._val = self._local_batches(self._val_windows())
     return list(self._val)
+
+  def accounting(self, state: dict) -> dict:
+    """Per-source metrics of a train_iter state (a mixture's; {} for one source)."""
+    del state
+    return {}
+
+  def _local_batches(self, windows: grain.IterDataset) -> list[dict[str, np.ndarray]]:
+    """data.val_batches global batches of `windows`, this process's rows of each."""
+    local = self._global_batch_size // self._process[1]
+    rows = slice(self._process[0] * local, (self._process[0] + 1) * local)
+    it, out = iter(windows.batch(self._global_batch_size, batch_fn=_to_batch)), []
+    for _ in range(self._cfg.val_batches):
+      batch = {k: v[rows].copy() for k, v in next(it).items()}
+      for v in batch.values():
+        v.setflags(write=False)
+      out.append(batch)
+    return out
 
   def _val_windows(self) -> grain.IterDataset:
     return _packed(grain.MapDataset.source(self._val_ids).repeat(), self._docs, self.tokenizer,
@@ -236,6 +253,90 @@ class SyntheticData(Data):
                  answers_per_document=float(answers.sum() / len(docs)),
                  mean_answer_distance=float(distance.mean()) if len(distance) else None)
     return out
+
+
+class MixtureData(Data):
+  """The data of a mixture (data.mixture): `sources` (mixture.Source, by name), `val_sets()`
+  ({name: that source's validation batches}), `accounting(state)`."""
+
+  def __init__(self, cfg, tokenizer: Tokenizer, sources: list, train_iter,
+               global_batch_size: int, process_index: int, process_count: int):
+    super().__init__(cfg, tokenizer, None, np.zeros(0, np.int64), np.zeros(0, np.int64),
+                     train_iter, global_batch_size, process_index, process_count)
+    self.sources, self._val_sets = sources, None
+
+  def set_process(self, process_index: int, process_count: int):
+    super().set_process(process_index, process_count)
+    self._val_sets = None
+
+  def val_sets(self) -> dict[str, list[dict[str, np.ndarray]]]:
+    """{name: data.val_batches local batches of that source's held-out documents}."""
+    if self._val_sets is None:
+      self._val_sets = {
+          s.name: self._local_batches(_packed(grain.MapDataset.source(s.val_ids).repeat(),
+                                              s.docs, self.tokenizer, self._cfg.seq_len))
+          for s in self.sources}
+    return {k: list(v) for k, v in self._val_sets.items()}
+
+  def val_batches(self) -> list[dict[str, np.ndarray]]:
+    """Every source's validation batches, one source after another (sorted by name)."""
+    return [b for batches in self.val_sets().values() for b in batches]
+
+  def accounting(self, state: dict) -> dict:
+    return mixture_lib.accounting(self.sources, state)
+
+  def _text_sources(self, split: str) -> Documents:
+    parts = [(s.docs, s.train_ids if split == 'train' else s.val_ids) for s in self.sources
+             if not getattr(s.docs, 'tokens', False)]
+    if not parts:
+      raise DataError('Every corpus of this mixture is pre-tokenized; the RULER-style tasks '
+                      'need text documents: add a text corpus, or evaluate on a text source.')
+    return mixture_lib.ConcatDocuments(parts, f'the mixture\'s {split} text documents')
+
+  def train_documents(self) -> Documents:
+    return self._text_sources('train')
+
+  def held_out_documents(self) -> Documents:
+    return self._text_sources('held-out')
+
+  def _describe(self) -> dict:
+    """Each source's settings, weight, document share, sizes and tokens per document (no
+    entropy: that would read every corpus)."""
+    per_source = {}
+    for s in self.sources:
+      tokens = (dict(s.docs.split_tokens) if getattr(s.docs, 'split_tokens', None) else
+                {'train': int(round(s.mean_tokens * len(s.train_ids))),
+                 'val': int(round(s.mean_tokens * len(s.val_ids)))})
+      per_source[s.name] = {
+          'source': s.cfg.source, 'path': s.cfg.path, 'weight': round(s.weight, 6),
+          'document_share': round(s.doc_share, 6), 'documents_per_block': s.block_count,
+          'tokens_per_document': round(s.mean_tokens, 2),
+          'tokens_per_document_exact': s.mean_exact,
+          'num_documents': {'train': len(s.train_ids), 'val': len(s.val_ids)},
+          'num_tokens': tokens, **s.docs.info}
+    return {'source': 'mixture', 'mixture': per_source, 'block': mixture_lib.BLOCK,
+            'num_documents': {k: sum(v['num_documents'][k] for v in per_source.values())
+                              for k in ('train', 'val')},
+            'tokenizer': self.tokenizer.name, 'vocab_size': self.tokenizer.vocab_size}
+
+
+def _build_mixture(data_cfg, global_batch_size: int, seed: int, process_index: int,
+                   process_count: int) -> MixtureData:
+  if process_count != 1:
+    raise DataError('data.mixture reads one global stream; per-process streams (runs saved by '
+                    'several processes before issue 45) have no mixtures.')
+  tokenizer = make_tokenizer(data_cfg.tokenizer)
+  sources = mixture_lib.load_sources(data_cfg, tokenizer)
+  docs = mixture_lib.mixed_documents(sources, tokenizer, seed, _derive_seed)
+  ds = TaggedPackIterDataset(docs.to_iter_dataset(_READ), data_cfg.seq_len + 1)
+  if data_cfg.shuffle_buffer > 1:
+    ds = WindowShuffleIterDataset(ds, window_size=data_cfg.shuffle_buffer,
+                                  seed=_derive_seed(seed, 'windows/0'))
+  ds = ds.batch(global_batch_size, drop_remainder=True,
+                batch_fn=mixture_lib.ToBatch(len(sources)))
+  ds = mixture_lib.MixtureAccounting(_prefetch(ds, data_cfg), len(sources))
+  return MixtureData(data_cfg, tokenizer, sources, iter(ds), global_batch_size, process_index,
+                     process_count)
 
 
 def _build_synthetic(data_cfg, global_batch_size: int, seed: int, process_index: int,
@@ -348,6 +449,8 @@ def _build(data_cfg, global_batch_size: int, seed: int, process_index: int,
   if data_cfg.seq_len < 1 or data_cfg.val_batches < 0 or data_cfg.shuffle_buffer < 0:
     raise DataError('data.seq_len must be >= 1, data.val_batches and data.shuffle_buffer >= 0 '
                     f'(got {data_cfg.seq_len}, {data_cfg.val_batches}, {data_cfg.shuffle_buffer}).')
+  if mixture_lib.is_mixture(data_cfg):
+    return _build_mixture(data_cfg, global_batch_size, seed, process_index, process_count)
   if data_cfg.source == 'synthetic':
     if data_cfg.get('mix_ratio', 0.0):
       raise DataError("data.mix_ratio > 0 mixes RULER task documents into text documents; "

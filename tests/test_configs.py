@@ -273,7 +273,8 @@ def test_what_a_saved_run_may_change_is_declared_on_the_fields():
   assert set(rundir.ITERATOR_FIELDS) == {
       'seed', 'train.batch_size', 'data.seq_len', 'data.source', 'data.path', 'data.hf_config',
       'data.hf_split', 'data.text_field', 'data.val_fraction', 'data.shuffle_buffer',
-      'data.task', 'data.synthetic', 'data.mix_tasks', 'data.mix_ratio', 'data.mix_tokens'}
+      'data.task', 'data.synthetic', 'data.mix_tasks', 'data.mix_ratio', 'data.mix_tokens',
+      'data.mixture'}
   c = scales.get_config('tiny').to_dict()
   for path in rundir.ITERATOR_FIELDS + rundir.CHECKPOINT_FIELDS:
     node = c

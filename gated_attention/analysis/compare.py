@@ -6,6 +6,9 @@ analysed yet falls back to its last validation row in metrics.jsonl, which the t
 computes on the first held-out batch only; such rows are marked in the table. modes/compare.py
 reads the run directories; this module builds the rows, the table and the figures.
 
+A run trained on a mixture (data.mixture) adds a column per source: its validation loss at the
+run's last evaluation (`loss/<name>` of the last validation row in metrics.jsonl).
+
 Writes OUT/compare.md, OUT/compare.json, OUT/f_attn_per_layer.png, OUT/m_act_per_layer.png and
 OUT/loss_curves.png; returns the markdown.
 """
@@ -32,15 +35,18 @@ def run_summary(workdir: str, variant: str, rows: list[dict], rep: dict | None,
   out = {'workdir': workdir, 'variant': variant,
          'metrics': rows, 'source': None, 'step': None, 'gate_score': None, 'm_act': None,
          'f_attn': None, 'ppl': None, 'f_attn_per_layer': None, 'm_act_per_layer': None,
-         'sessions': len(sessions or []),
+         'sessions': len(sessions or []), 'source_loss': {},
          **goodput_lib.columns(goodput_lib.summarize(sessions) if sessions else None)}
+  val = [r for r in rows if r.get('split') == 'val']
+  if val:   # a mixture's per-source validation losses (metrics.jsonl holds them)
+    out['source_loss'] = {k.split('/', 1)[1]: v for k, v in val[-1].items()
+                          if k.startswith('loss/')}
   if rep is not None:
     out.update(source='analysis', step=rep.get('step'), gate_score=rep.get('gate_score_mean'),
                m_act=rep.get('m_act_mean'), f_attn=rep.get('f_attn_mean'), ppl=rep.get('ppl'),
                f_attn_per_layer=rep.get('f_attn'),
                m_act_per_layer=(rep.get('m_act') or {}).get('ffn_residual'))
     return out
-  val = [r for r in rows if r.get('split') == 'val']
   if val:
     last = val[-1]
     out.update(source='metrics', step=last.get('step'), gate_score=last.get('gate_score_mean'),
@@ -62,16 +68,24 @@ def _names(summaries) -> list[str]:
   return names
 
 
+def source_columns(summaries) -> list[str]:
+  """The mixture sources any run has a validation loss for, sorted."""
+  return sorted({name for s in summaries for name in s.get('source_loss') or {}})
+
+
 def markdown_table(summaries, names) -> str:
-  lines = ['| ' + ' | '.join(COLUMNS + ('step', 'run')) + ' |',
-           '|' + '---|' * (len(COLUMNS) + 2)]
+  sources = source_columns(summaries)
+  columns = COLUMNS + tuple(f'val loss {name}' for name in sources) + ('step', 'run')
+  lines = ['| ' + ' | '.join(columns) + ' |', '|' + '---|' * len(columns)]
   fallback = False
   for s, name in zip(summaries, names):
     mark = ''
     if s['source'] == 'metrics':
       mark, fallback = _FALLBACK_MARK, True
+    losses = s.get('source_loss') or {}
     cells = [name + mark, _fmt(s['gate_score'], '.3f'), _fmt(s['m_act'], '.1f'),
-             _fmt(s['f_attn'], '.3f'), _fmt(s['ppl'], '.3f'), _fmt(s['step'], 'd'),
+             _fmt(s['f_attn'], '.3f'), _fmt(s['ppl'], '.3f'),
+             *(_fmt(losses.get(src), '.4f') for src in sources), _fmt(s['step'], 'd'),
              f'`{s["workdir"]}`']
     lines.append('| ' + ' | '.join(cells) + ' |')
   notes = []
@@ -85,6 +99,10 @@ def markdown_table(summaries, names) -> str:
                '|h| of each layer\'s output, averaged over layers; F-Attn: attention to the first '
                'token, averaged over heads, queries 1..T-1 and layers; PPL: validation '
                'perplexity.')
+  if sources:
+    notes.append('val loss <source>: a mixture\'s validation loss on that source\'s held-out '
+                 'documents at the run\'s last evaluation (metrics.jsonl; - where a run has no '
+                 'such source).')
   return '\n'.join(lines) + '\n\n' + '\n'.join(f'- {n}' for n in notes) + '\n'
 
 

@@ -43,6 +43,13 @@ def _checkpoint(default):
   return dataclasses.field(default=default, metadata={'fixed': CHECKPOINT})
 
 
+def _entries(spec, fixed: str | None = None):
+  """A field holding named entries ({name: section}), each a section of the dataclass `spec`
+  (data.mixture: {'web': {...}, 'code': {...}}); empty by default."""
+  metadata = {'entries': spec} if fixed is None else {'entries': spec, 'fixed': fixed}
+  return dataclasses.field(default_factory=dict, metadata=metadata)
+
+
 def _section(spec, fixed: str | None = None):
   """A field holding a section whose keys are the fields of the dataclass `spec`."""
   metadata = {'section': spec} if fixed is None else {'section': spec, 'fixed': fixed}
@@ -70,6 +77,18 @@ class Synthetic:
 
 
 @dataclasses.dataclass(frozen=True)
+class MixtureSource:
+  """One corpus of data.mixture (docs/mixtures.md): a source as data.source / data.path name one,
+  and its weight. '' takes the data section's value."""
+  weight: float = 0.0     # its share of the training tokens (normalised over the entries; > 0)
+  source: str = ''        # text | jsonl | parquet | arrayrecord | hf | tokenized | builtin ...
+  path: str = ''          # its glob, dataset name or tokenized folder (local or gs://)
+  text_field: str = ''    # jsonl/parquet/hf/arrayrecord(JSON): the field with the text
+  hf_config: str = ''     # hf: dataset config name
+  hf_split: str = ''      # hf: split
+
+
+@dataclasses.dataclass(frozen=True)
 class Data:
   """data: where the documents come from, how they become windows of tokens."""
   # builtin | builtin_large | text | jsonl | arrayrecord | parquet | hf | synthetic | tokenized
@@ -94,6 +113,9 @@ class Data:
   mix_tasks: str = _iterator('')    # comma-separated task names, or 'all' ('': none)
   mix_ratio: float = _iterator(0.0)  # share of the training tokens in task documents (0: off)
   mix_tokens: int = _iterator(0)    # tokens per task document, BOS included (0: data.seq_len / 2)
+  # A weighted mixture of corpora, {name: {weight, source, path, ...}} (MixtureSource; empty:
+  # data.source alone). Documents are drawn by weight (input_pipeline/mixture.py, docs/mixtures.md).
+  mixture: dict = _entries(MixtureSource, fixed=ITERATOR)
   # source=synthetic: bigram_backcopy | icl_bigram | mqar (input_pipeline/synthetic.py)
   task: str = _iterator('bigram_backcopy')
   synthetic: Synthetic = _section(Synthetic, fixed=ITERATOR)
@@ -230,8 +252,23 @@ def defaults(spec=RunConfig) -> dict:
   out = {}
   for f in dataclasses.fields(spec):
     section = f.metadata.get('section')
-    out[f.name] = defaults(section) if section else f.default
+    if 'entries' in f.metadata:
+      out[f.name] = {}
+    else:
+      out[f.name] = defaults(section) if section else f.default
   return out
+
+
+def entry_fields() -> dict:
+  """{dotted path: dataclass} of the fields that hold named entries (data.mixture), whose every
+  value is a section of that dataclass."""
+  def walk(spec, prefix):
+    for f in dataclasses.fields(spec):
+      if 'entries' in f.metadata:
+        yield prefix + f.name, f.metadata['entries']
+      elif f.metadata.get('section') not in (None, model_lib.ModelConfig):
+        yield from walk(f.metadata['section'], f'{prefix}{f.name}.')
+  return dict(walk(RunConfig, ''))
 
 
 def fixed_fields(by: str) -> tuple[str, ...]:
@@ -249,12 +286,18 @@ def fixed_fields(by: str) -> tuple[str, ...]:
 def unknown_keys(config: dict, known: dict | None = None, prefix: str = '') -> list[str]:
   """The dotted keys of `config` that are no field of the schema (EXTRA_SECTIONS aside)."""
   known = defaults() if known is None else known
+  entries = entry_fields()
   out = []
   for k, v in config.items():
     if not prefix and k in EXTRA_SECTIONS:
       continue
     if k not in known:
       out.append(prefix + k)
+    elif prefix + k in entries and isinstance(v, dict):
+      spec = defaults(entries[prefix + k])
+      for name, entry in v.items():
+        if isinstance(entry, dict):
+          out += unknown_keys(entry, spec, f'{prefix}{k}.{name}.')
     elif isinstance(v, dict) and isinstance(known[k], dict):
       out += unknown_keys(v, known[k], f'{prefix}{k}.')
   return out
@@ -270,7 +313,18 @@ def type_errors(config: dict, known: dict | None = None, prefix: str = '') -> li
       continue
     value, where = config[key], f'{prefix}{key}'
     shown = json.dumps(value, default=repr)[:40]
-    if isinstance(default, dict):
+    spec = entry_fields().get(where)
+    if spec is not None:
+      if not isinstance(value, dict):
+        errors.append(f'{where} is {shown}, not an object of named entries')
+        continue
+      for name, entry in value.items():
+        if not isinstance(entry, dict):
+          errors.append(f'{where}.{name} is {json.dumps(entry, default=repr)[:40]}, not an '
+                        f'object (the fields of {spec.__name__})')
+        else:
+          errors += type_errors(entry, defaults(spec), f'{where}.{name}.')
+    elif isinstance(default, dict):
       if not isinstance(value, dict):
         errors.append(f'{where} is {shown}, not an object')
       else:
@@ -298,12 +352,16 @@ def check(config, where: str = '--config'):
   unknown = unknown_keys(config)
   if unknown:
     known = defaults()
+    entries = entry_fields()
     hints = []
     for path in unknown[:5]:
       parent, _, key = path.rpartition('.')
-      node = known
+      node, walked = known, ''
       for part in parent.split('.') if parent else []:
-        node = node[part]
+        if walked in entries:        # data.mixture.web.pathh: an entry's fields
+          node = defaults(entries[walked])
+          break
+        node, walked = node[part], f'{walked}.{part}'.lstrip('.')
       close = difflib.get_close_matches(key, list(node), n=1)
       hints.append(f'{path} (did you mean {parent + "." if parent else ""}{close[0]}?)' if close
                    else f'{path} (the fields of {parent or "the config"}: {", ".join(node)})')

@@ -26,6 +26,7 @@ the last log (0 when the pipeline keeps up).
 import dataclasses
 import functools
 import json
+import math
 import time
 
 import jax
@@ -53,10 +54,23 @@ class TrainingStopped(UserError):
 
 def evaluate(setup, params, data) -> dict:
   """The validation row: loss and perplexity over the held-out batches, and the analysis
-  metrics (F-Attn, M-Act, gate score) of `train.inspect_batch_size` rows of the first batch."""
-  result = eval_lib.evaluate(setup, params, data.val_batches(),
-                             inspect_rows=setup.cfg.train.inspect_batch_size)
-  return eval_lib.summary(result)
+  metrics (F-Attn, M-Act, gate score) of `train.inspect_batch_size` rows of the first batch.
+  A mixture (data.mixture): loss/<name> and ppl/<name> over each source's held-out batches,
+  and as `loss` their mean weighted by the mixture's weights (the loss per token of the
+  mixture); the analysis metrics are the first source's."""
+  rows = setup.cfg.train.inspect_batch_size
+  if not hasattr(data, 'val_sets'):
+    return eval_lib.summary(eval_lib.evaluate(setup, params, data.val_batches(),
+                                              inspect_rows=rows))
+  out, weighted = {}, 0.0
+  for source in data.sources:
+    result = eval_lib.evaluate(setup, params, data.val_sets()[source.name], inspect_rows=rows)
+    if not out:
+      out = eval_lib.summary(result)
+    out[f'loss/{source.name}'], out[f'ppl/{source.name}'] = result.loss, result.ppl
+    weighted += source.weight * result.loss
+  out['loss'], out['ppl'] = weighted, math.exp(min(weighted, 50.0))
+  return out
 
 
 def check_loop_config(config):
@@ -344,7 +358,8 @@ def _log_train(run: Run, metrics, throughput: Throughput):
   metrics.update(learning_rate=train_lib.learning_rate_at(tc, run.step - 1)
                  * run.lr_scale, loss_level=run.guard.level,
                  skipped_total=run.guard.totals['skipped'],
-                 spikes_total=run.guard.totals['spikes'], **throughput.metrics())
+                 spikes_total=run.guard.totals['spikes'], **throughput.metrics(),
+                 **_accounting(run))
   run.writer.write(run.step, 'train', metrics)
   run.progress.update(run.step, f'loss {float(metrics["loss"]):.4f} '
                       f'data_wait {100 * metrics["data_wait"]:.1f}%')
@@ -355,9 +370,30 @@ def _evaluate_and_log(run: Run) -> dict:
   val = evaluate(run.setup, run.params, run.data)
   val.update(device_memory())       # peak bytes in use, where the backend reports them
   run.writer.write(run.step, 'val', val)
-  run.progress.write(f'step {run.step}: val loss {val["loss"]:.4f} ppl {val["ppl"]:.2f} '
-                     f'F-Attn {val["f_attn_mean"]:.3f} M-Act {val["m_act_mean"]:.1f}')
+  per_source = ''.join(f' {k[5:]} {v:.4f}' for k, v in val.items() if k.startswith('loss/'))
+  run.progress.write(f'step {run.step}: val loss {val["loss"]:.4f}{per_source} ppl '
+                     f'{val["ppl"]:.2f} F-Attn {val["f_attn_mean"]:.3f} M-Act '
+                     f'{val["m_act_mean"]:.1f}')
   return val
+
+
+def _accounting(run: Run) -> dict:
+  """A mixture's per-source counts at the last batch the loop took ({} for one source)."""
+  if not getattr(run.data, 'sources', None):
+    return {}
+  return run.data.accounting(run.data.train_iter.get_state())
+
+
+def mixture_summary(run: Run) -> str | None:
+  """The end-of-run line of a mixture: each source's tokens trained on, their share against
+  the weight, and the epochs it has begun (None for one source)."""
+  counts = _accounting(run)
+  if not counts:
+    return None
+  parts = [f'{s.name} {counts["tokens/" + s.name]:,} ({100 * counts["share/" + s.name]:.2f}% '
+           f'for weight {100 * s.weight:.2f}%, epoch {counts["epochs/" + s.name]})'
+           for s in run.data.sources]
+  return f'Tokens trained on per source up to step {run.step}: ' + '; '.join(parts) + '.'
 
 
 def describe_run(run: Run) -> str:
@@ -517,6 +553,9 @@ def run(config, workdir: str, on_finish=None) -> dict:
   try:
     account.begin(workdir, state.step)
     val = _train(state, interrupt)
+    summary = mixture_summary(state)
+    if summary:
+      state.progress.write(summary)
   except BaseException:   # the first error is the one reported; closing must not hide it
     close_run(state, raise_errors=False)
     account.finish(state.step, 'failed')
