@@ -1,4 +1,5 @@
 """An experiment's results: the table (mean ± std over seeds), the figures, the results.md section.
+(One file, one concern: everything read back from finished runs into what a reader sees.)
 
 Each run directory holds what main.py writes (config.json, metrics.jsonl, analysis/report.json)
 and the runner's runner.json (status, commands, wall times). Nothing here trains or analyses.

@@ -1,4 +1,6 @@
 """Runs an experiment file: trains every run, analyses it, writes the table and the figures.
+(One file, one concern: the runner's schedule of runs and their status, each function a step of it;
+the results are report.py's.)
 
   python -m experiments.run experiments/sink_synthetic.py             # all runs, one at a time
   python -m experiments.run experiments/sink_synthetic.py --jobs 2    # two side by side

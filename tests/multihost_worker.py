@@ -132,11 +132,11 @@ def main():
     elif MODE == 'legacy':
       # A run as runs were saved before issue 45: one data stream per process (forced for the
       # fresh run; the resumed one finds it out from the checkpoint's per-process positions).
-      from gated_attention.training import loop  # pylint: disable=g-import-not-at-top
-      fresh = loop._per_process_streams  # pylint: disable=protected-access
-      loop._per_process_streams = lambda workdir: True  # pylint: disable=protected-access
+      from gated_attention.training import loop, session  # pylint: disable=g-import-not-at-top
+      fresh = session._per_process_streams  # pylint: disable=protected-access
+      session._per_process_streams = lambda workdir: True  # pylint: disable=protected-access
       loop.run(c, WORKDIR)
-      loop._per_process_streams = fresh  # pylint: disable=protected-access
+      session._per_process_streams = fresh  # pylint: disable=protected-access
       loop.run(config(port, n, i, steps=STEPS + 1), WORKDIR)
     else:
       from gated_attention.training import loop  # pylint: disable=g-import-not-at-top

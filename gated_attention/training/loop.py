@@ -1,10 +1,10 @@
-"""The training loop: data, init or resume, steps, evaluation, metrics, checkpoints, signals.
+"""The training loop: steps, evaluation, metrics, checkpoints, signals, the session's account.
 
     loop.run(config, workdir)      # main.py --mode=train
 
 One run's parts, public for a driver that steps several runs together (training/seeds.py):
-`start_run(config, workdir, setup)` -> a `Run` (lock, data, state, writers; `describe_run` says
-what it is), then per step `due_now(run)` (log / eval / save), `check_pending(run)` (the stability
+`start_run(config, workdir, setup)` -> a `Run` (session.py: lock, data, state, writers;
+`describe_run` says what it is), then per step `due_now(run)` (log / eval / save), `check_pending(run)` (the stability
 guard's verdict), `log_evaluate_save(run, ...)`; `save_on_interrupt` on SIGTERM / Ctrl-C (an
 `Interrupt` catches them) and `close_run(run)` at the end, whatever happened.
 
@@ -24,28 +24,25 @@ the last log (0 when the pipeline keeps up).
 """
 
 import dataclasses
-import functools
-import json
 import math
 import time
 
 import jax
 
-from gated_attention import input_pipeline
-from gated_attention.runs import checkpoint as ckpt_lib
-from gated_attention.runs import lock as lock_lib
+from gated_attention import compilation_cache, liveness
+from gated_attention.analysis import goodput as goodput_lib
+from gated_attention.errors import UserError
 from gated_attention.runs import rundir as workdir_lib
 from gated_attention.training import evaluate as eval_lib
-from gated_attention.model import transformer as model_lib
-from gated_attention.training import goodput, prefetch, stability
+from gated_attention.training import goodput, stability
 from gated_attention.training import profile as profile_lib
-from gated_attention.training.interrupt import Interrupt
-from gated_attention import compilation_cache, liveness, sharding
 from gated_attention.training import train as train_lib
-from gated_attention.errors import CheckpointError, ConfigError, UserError
-from gated_attention.analysis import goodput as goodput_lib
-from gated_attention.training.reporting import MetricsWriter, Progress, Throughput
-from gated_attention.training.reporting import device_memory
+from gated_attention.training.interrupt import Interrupt
+from gated_attention.training.reporting import Throughput, device_memory
+# A session's start and close (session.py), used here and by drivers of several runs (seeds.py).
+from gated_attention.training.session import (Run, check_loop_config, close_run,  # noqa: F401
+                                              describe_run, start_run)
+from gated_attention.training.session import say
 
 
 class TrainingStopped(UserError):
@@ -71,208 +68,6 @@ def evaluate(setup, params, data) -> dict:
     weighted += source.weight * result.loss
   out['loss'], out['ppl'] = weighted, math.exp(min(weighted, 50.0))
   return out
-
-
-def check_loop_config(config):
-  tc = config.train
-  for name in ('steps', 'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints'):
-    if tc[name] <= 0:
-      raise ConfigError(f'config.train.{name}={tc[name]} must be positive.')
-  if config.data.get('val_batches', 1) <= 0:
-    raise ConfigError(f'config.data.val_batches={config.data.val_batches} must be positive: '
-                      'every evaluation (and the last step) reads that many held-out batches.')
-  if tc.get('stop_timeout', 1) <= 0:
-    raise ConfigError(f'config.train.stop_timeout={tc.stop_timeout} must be positive seconds: '
-                      'how long a stopping process may take before it exits anyway.')
-  stability.check_config(tc)
-  profile_lib.check_config(tc)
-  depth = config.data.get('device_prefetch', 2)
-  if depth < 0:
-    raise ConfigError(f'config.data.device_prefetch={depth} must be >= 0 (batches read ahead '
-                      'onto the devices while a step runs; 0: none).')
-
-
-@dataclasses.dataclass
-class Run:
-  """What one training run holds while it trains."""
-  config: object
-  workdir: str
-  data: object
-  setup: train_lib.Setup
-  checkpointer: ckpt_lib.Checkpointer
-  writer: MetricsWriter
-  guard: stability.Guard
-  lock: lock_lib.RunLock | None = None
-  progress: Progress | None = None
-  step: int = 0
-  params: object = None
-  opt_state: object = None
-  lr_scale: float = 1.0
-  rollbacks: int = 0
-  pending: list = dataclasses.field(default_factory=list)  # (step, device metrics) to check
-  per_process_stream: bool = False   # a run saved before issue 45 by several processes
-  account: goodput.Account = dataclasses.field(default_factory=goodput.Account)  # time by cause
-
-  @property
-  def abstract_state(self) -> dict:
-    return {'params': self.setup.abstract_params, 'opt_state': self.setup.abstract_opt}
-
-  def save(self):
-    if self.lock is not None:
-      self.lock.check()                            # another trainer took the run over
-    self.writer.flush()                            # the rows up to it are stored before it
-    # The running level ranks the checkpoint for the best-checkpoint rule only while the guard is
-    # calm: spike steps do not move the level, so a state taken mid-blow-up would carry the level
-    # of the good steps before it (the loop saves only when calm; this keeps the ranking honest
-    # whatever calls it).
-    level = self.guard.level if self.guard.calm else None
-    self.checkpointer.save(
-        self.step, {'params': self.params, 'opt_state': self.opt_state}, self.data.train_iter,
-        metrics={'loss_level': 1e30 if level is None else float(level)},
-        loop_state={'lr_scale': self.lr_scale, 'rollbacks': self.rollbacks,
-                    'guard': self.guard.state(), 'topology': _topology(self.setup)},
-        per_process_stream=self.per_process_stream)
-
-  def adopt(self, restored: ckpt_lib.Restored):
-    """Continue from a restored checkpoint (a warm start gets a fresh optimizer state)."""
-    self.step, self.params = restored.step, restored.state['params']
-    self.opt_state = (self.setup.init_opt_state(self.params) if restored.warm
-                      else restored.state['opt_state'])
-    self.lr_scale = restored.loop.get('lr_scale', 1.0)
-    self.rollbacks = restored.loop.get('rollbacks', 0)
-    self.guard.reset(restored.loop.get('guard'))
-
-
-def _build_data(config, per_process_stream: bool = False):
-  tc = config.train
-  data = input_pipeline.build_data(
-      config.data, global_batch_size=tc.batch_size, seed=config.seed,
-      process_index=jax.process_index(), process_count=jax.process_count(),
-      per_process_stream=per_process_stream)
-  if data.tokenizer.vocab_size > config.model.vocab_size:
-    raise ConfigError(f'The tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} '
-                      f'tokens but config.model.vocab_size={config.model.vocab_size}; raise '
-                      'config.model.vocab_size to at least the tokenizer size.')
-  return data
-
-
-def _per_process_streams(workdir: str) -> bool:
-  """Whether the run was saved by several processes with a data stream each (before issue
-  45): then it resumes so, with that process count only (refused otherwise, before anything is
-  written). Every other run reads one global stream and resumes on any number of processes."""
-  count = ckpt_lib.saved_stream_count(workdir)
-  if count is not None and count != jax.process_count():
-    raise CheckpointError(
-        f'{workdir} was saved by {count} processes, each reading its own data stream (the data '
-        'order of runs saved before elastic resumption); this run has '
-        f'{jax.process_count()} process(es). Resume it with {count} processes (its checkpoints '
-        'are intact and were left as they are), or start a new --workdir with '
-        f'--config.train.init_from={workdir} (its parameters, a fresh data order).')
-  return count is not None
-
-
-def _topology(setup) -> dict:
-  return {'processes': jax.process_count(), 'devices': jax.device_count(),
-          'mesh': {k: int(v) for k, v in setup.mesh.shape.items()}}
-
-
-def _say_topology(restored: ckpt_lib.Restored, setup):
-  """The first line of a run resumed on another slice: what changed (the batches do not)."""
-  saved, now = restored.loop.get('topology'), _topology(setup)
-  if saved is None or (saved['processes'], saved['devices']) == (now['processes'],
-                                                                   now['devices']):
-    return
-  _say(f'Resuming step {restored.step} on {now["processes"]} process(es) x '
-       f'{now["devices"] // now["processes"]} devices (mesh {now["mesh"]}); it was saved by '
-       f'{saved["processes"]} x {saved["devices"] // saved["processes"]} (mesh {saved["mesh"]}). '
-       'The batches go on as they would have; the losses agree to float rounding (another '
-       'reduction order).')
-
-
-def _check_init_from(source: str, abstract_params: dict):
-  """A warm start's source has a checkpoint of this config's shapes (before anything is written
-  for the new run, so the corrected command starts clean)."""
-  if not workdir_lib.checkpoint_steps(source):
-    raise CheckpointError(f'--config.train.init_from={source}: no checkpoint there.')
-  source_ckpt = ckpt_lib.Checkpointer(source, read_only=True)
-  try:
-    diffs = source_ckpt.shape_differences(source_ckpt.all_steps()[-1], abstract_params)
-  finally:
-    source_ckpt.close()
-  if diffs:
-    raise CheckpointError(
-        f'--config.train.init_from={source} holds a model of other shapes than this config: '
-        f'{ckpt_lib.summarize_differences(diffs)}. A warm start copies the parameters, so the model settings '
-        f'must be that run\'s (--config=configs/from_run.py:{source} has them), or drop '
-        'init_from to train from scratch.')
-
-
-def _init_from(run: Run, source: str):
-  """A fresh run starting from another run's latest parameters (train.init_from)."""
-  step, run.params = run.setup.restore(source, warn=_say)    # the factory's verified restore
-  run.opt_state = run.setup.init_opt_state(run.params)
-  _say(f'Initialised from {source} (step {step}): parameters only, fresh optimizer and data.')
-
-
-def _say(text: str):
-  if jax.process_index() == 0:
-    print(text, flush=True)
-
-
-def start_run(config, workdir: str, setup: train_lib.Setup | None = None,
-              account: goodput.Account | None = None) -> Run:
-  """Data, mesh, compiled steps; the state from scratch, a warm start, or the latest intact
-  checkpoint. `setup`: one already built for this config (seeds.py shares one among seeds);
-  None builds it. `account`: the session's time account, begun at the process start (None: a
-  new one)."""
-  check_loop_config(config)
-  workdir_lib.check_workdir(workdir)
-  lock = lock_lib.RunLock(workdir)
-  lock.acquire(warn=_say)                          # one trainer per run, before any write
-  try:
-    return _start_locked(config, workdir, lock, setup, account or goodput.Account())
-  except BaseException:
-    lock.release()
-    raise
-
-
-def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
-                  setup: train_lib.Setup | None, account: goodput.Account) -> Run:
-  """start_run's work once this trainer holds the run directory's lock."""
-  tc = config.train
-  per_process = _per_process_streams(workdir)
-  data = _build_data(config, per_process_stream=per_process)
-  if setup is None:
-    setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
-  data.train_iter = prefetch.DevicePrefetch(
-      data.train_iter, functools.partial(setup.global_batch, whole=not per_process),
-      config.data.get('device_prefetch', 2))
-  if tc.init_from and not ckpt_lib.step_dirs(workdir):   # before anything is written
-    _check_init_from(tc.init_from, setup.abstract_params)
-  checkpointer = ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
-                                       keep=tc.keep_checkpoints)
-  latest = checkpointer.latest_step()
-  if latest is not None and workdir_lib.read_saved_config(workdir) is None:
-    # Checkpoints without their config.json: another model shape is refused by its parameters'
-    # shapes before a config.json is written for it (with one, the configs are compared).
-    checkpointer.check_shapes(latest, setup.abstract_params)
-  workdir_lib.check_or_write_config(
-      workdir, config, resuming_data=latest is not None and checkpointer.has_data(latest))
-  run = Run(config, workdir, data, setup, checkpointer, MetricsWriter(workdir),
-             stability.Guard(tc, config.model.vocab_size), lock=lock,
-             per_process_stream=per_process, account=account)
-  account.lap('startup')
-  restored = checkpointer.restore_latest(run.abstract_state, data.train_iter, warn=_say)
-  account.lap('restore')
-  if restored is not None:
-    _say_topology(restored, setup)
-    run.adopt(restored)
-  elif tc.init_from:
-    _init_from(run, tc.init_from)
-  else:
-    run.params, run.opt_state = setup.init(config.seed)
-  run.progress = Progress(run.step, tc.steps)
-  return run
 
 
 def _log_events(run: Run, events):
@@ -394,15 +189,6 @@ def mixture_summary(run: Run) -> str | None:
            f'for weight {100 * s.weight:.2f}%, epoch {counts["epochs/" + s.name]})'
            for s in run.data.sources]
   return f'Tokens trained on per source up to step {run.step}: ' + '; '.join(parts) + '.'
-
-
-def describe_run(run: Run) -> str:
-  config = run.config
-  report = model_lib.param_report(run.setup.model_cfg)
-  return (f'{config.variant} ({config.scale}): {report["total"]:,} parameters '
-          f'({report["active"]:,} active), mesh {dict(run.setup.mesh.shape)}, '
-          f'{"resuming at step " + str(run.step) if run.step else "starting"} in {run.workdir}; '
-          f'data: {json.dumps(run.data.describe())}')
 
 
 def _say_not_saved(run: Run):
@@ -565,9 +351,9 @@ def run(config, workdir: str, on_finish=None) -> dict:
   close_run(state)
   memory = device_memory()
   if account.finish(state.step, 'interrupted' if interrupt.stopped else 'finished', **memory):
-    _say(goodput_lib.describe(goodput_lib.summarize(workdir_lib.read_goodput(workdir))))
+    say(goodput_lib.describe(goodput_lib.summarize(workdir_lib.read_goodput(workdir))))
   if memory:
-    _say(f'Device memory: peak {memory["memory_peak_gib"]:.2f} GiB in use on one device'
+    say(f'Device memory: peak {memory["memory_peak_gib"]:.2f} GiB in use on one device'
          + (f' of {memory["memory_limit_gib"]:.2f} GiB' if 'memory_limit_gib' in memory else '')
          + '.')
   interrupt.restore()
@@ -584,18 +370,3 @@ def _resume_hint(run: Run) -> str:
   step = run.checkpointer.last_committed_step()
   return (f'it resumes from step {step}' if step is not None
           else 'it resumes from its latest checkpoint')
-
-
-def close_run(run: Run, raise_errors: bool = True):
-  """Stops the prefetch thread, waits for the last save, closes the files, frees the lock: each
-  step runs whatever the ones before it raised (a full disk fails the files' close, and the lock
-  is freed all the same); the first error is raised afterwards if `raise_errors`."""
-  first = None
-  for close in (run.data.train_iter.shutdown, run.checkpointer.close, run.progress.close,
-                run.writer.close, run.lock.release):
-    try:
-      close()
-    except BaseException as e:  # pylint: disable=broad-except
-      first = first or e
-  if first is not None and raise_errors:
-    raise first
