@@ -188,3 +188,20 @@ def test_a_killed_and_resumed_run_accounts_for_the_repeated_steps(tmp_path):
     assert abs(s['other_s']) <= 0.05 * s['wall_s'], s
   assert sessions[1]['seconds']['restore'] > 0 and sessions[1]['seconds']['compile'] > 0
   assert f'{first["step"] - 10} steps' in stdout, stdout
+
+
+def test_a_stalled_storage_does_not_hold_the_end(tmp_path, monkeypatch, capsys):
+  """The last write waits CLOSE_WAIT_S at most (a stalled endpoint's request bound can be
+  minutes), then the run ends with a warning."""
+  workdir = str(tmp_path / 'run')
+  os.makedirs(workdir)
+  account = goodput.Account()
+  account.begin(workdir, 0, every_s=0.0)
+  release = __import__('threading').Event()
+  monkeypatch.setattr(goodput.storage, 'write', lambda path, data: release.wait(30))
+  monkeypatch.setattr(goodput._Writer, 'CLOSE_WAIT_S', 0.5)  # pylint: disable=protected-access
+  start = time.perf_counter()
+  account.finish(3, 'failed')
+  assert time.perf_counter() - start < 2.0
+  assert 'was not written' in capsys.readouterr().out
+  release.set()

@@ -139,12 +139,16 @@ class Account:
 
 class _Writer:
   """Writes the newest snapshot it was given, at most every `every_s` seconds, in a thread; a
-  failed write (a storage stall) is retried with the next snapshot, never raised into training."""
+  failed write (a storage stall) is retried with the next snapshot, never raised into training.
+  The last snapshot is written by the thread too, waited for `CLOSE_WAIT_S` at most: a stalled
+  endpoint must not hold a stopping run for a request's whole bound."""
+
+  CLOSE_WAIT_S = 20.0
 
   def __init__(self, path: str, every_s: float):
     self.path, self.every_s = path, every_s
-    self.latest, self.error = None, None
-    self.wake, self.done = threading.Event(), threading.Event()
+    self.latest, self.error, self.last = None, None, None
+    self.wake, self.closing = threading.Event(), threading.Event()
     self.thread = threading.Thread(target=self._loop, name='goodput-writer', daemon=True)
     self.thread.start()
 
@@ -160,24 +164,27 @@ class _Writer:
       self.error = e
 
   def _loop(self):
-    while not self.done.is_set():
+    while True:
       self.wake.wait()
       self.wake.clear()
+      if self.closing.is_set():
+        self._write(self.last)
+        return
       snapshot, self.latest = self.latest, None
-      if snapshot is not None and not self.done.is_set():
+      if snapshot is not None:
         self._write(snapshot)
-      self.done.wait(self.every_s)
+      self.closing.wait(self.every_s)
 
   def close(self, final: dict):
-    self.done.set()
+    self.last = final
+    self.closing.set()
     self.wake.set()
-    self.thread.join(timeout=10)
-    if self.thread.is_alive():       # its write hangs on a stalled endpoint: not one more
+    self.thread.join(timeout=self.CLOSE_WAIT_S)
+    if self.thread.is_alive():       # a write hangs on a stalled endpoint
       print(f'Warning: the goodput account of this session was not written to {self.path} '
-            '(the storage does not answer); the run itself is unaffected.', flush=True)
-      return
-    self._write(final)
-    if self.error is not None:
+            f'within {self.CLOSE_WAIT_S:g} s (the storage does not answer); the run itself is '
+            'unaffected.', flush=True)
+    elif self.error is not None:
       print(f'Warning: the goodput account could not be written to {self.path} '
             f'({type(self.error).__name__}: {self.error}); the run itself is unaffected.',
             flush=True)
