@@ -6,13 +6,13 @@ et al. 2023, "Small-scale proxies for large-scale Transformer training instabili
 the stabilising effect the paper gives the gate may then be QK-norm's, or the gate may matter
 only without it. Here experiments/lr_stability.py's setting (8 layers of width 64, Bigram-
 Backcopy, 200 steps of 8 x 64 tokens, warm-up 20 steps then cosine) and grid of peak rates with
-QK-norm on, the same four seeds (the same data orders), to set
+QK-norm on, two seeds a point (seeds 0 and 1 of the four there), to set
 beside that experiment's table. Failure, spikes and DIVERGED_ABOVE as there.
 """
 
 from experiments import lr_stability
 
-SEEDS = [0, 1, 2, 3]
+SEEDS = [0, 1]
 VARIANTS = list(lr_stability.VARIANTS)
 GRID = dict(lr_stability.GRID)
 OVERRIDES = {**lr_stability.OVERRIDES, 'model.qk_norm': True}
