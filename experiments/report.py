@@ -269,12 +269,31 @@ def stability_counts(experiment, results: list[Result]) -> dict:
   for c in out.values():
     base = next((b for b in out.values() if b['variant'] == 'baseline'
                  and b['point'] == c['point']), None)
-    c['fisher_p'] = None
+    c['fisher_p'], c['gap'] = None, None
+    if base is not None and c['variant'] != 'baseline':
+      c['gap'] = paired_gap(base['trained_loss'], c['trained_loss'])
     if base is not None and c['variant'] != 'baseline' and base['runs'] and c['runs']:
       c['fisher_p'] = float(stats.fisher_exact(
           [[base['diverged'], base['runs'] - base['diverged']],
            [c['diverged'], c['runs'] - c['diverged']]])[1])
   return out
+
+
+def paired_gap(base: dict, other: dict) -> dict | None:
+  """The baseline's final loss minus the variant's, paired by seed over the seeds at which both
+  trained (dicts seed -> loss): `mean`, its 95% t `interval` (None with one pair), `n`, and
+  `lower` (the pairs in which the variant's loss is the lower). None without a pair."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  seeds = [s for s in base if s in other and base[s] is not None and other[s] is not None]
+  if not seeds:
+    return None
+  d = np.asarray([base[s] - other[s] for s in seeds], float)
+  interval = None
+  if len(d) > 1:
+    half = stats.t.ppf(0.975, len(d) - 1) * np.std(d, ddof=1) / np.sqrt(len(d))
+    interval = [float(d.mean() - half), float(d.mean() + half)]
+  return {'mean': float(d.mean()), 'interval': interval, 'n': len(d),
+          'lower': int((d > 0).sum())}
 
 
 def largest_stable(counts: dict) -> dict:
@@ -310,10 +329,12 @@ def stability(experiment, results: list[Result]) -> str:
   lines = [f'Failed to train ({what}), per variant and learning rate, with the rate\'s 95% '
            'Wilson interval and Fisher\'s exact test (two-sided) against the baseline at the same '
            'learning rate; spike steps per finished run (the guard\'s, by seed); final validation '
-           'loss of the runs that trained (mean ± std, by seed):', '',
+           'loss of the runs that trained (mean ± std, by seed), and the baseline\'s minus the '
+           'variant\'s, paired by seed over the seeds at which both trained (mean, 95% t '
+           'interval; the pairs in which the variant is lower):', '',
            '| run | failed | halted, collapsed | 95% interval | Fisher p vs baseline | '
-           'spike steps per run | final loss of the runs that train |',
-           '|---|---|---|---|---|---|---|']
+           'spike steps per run | final loss of the runs that train | baseline - run, paired |',
+           '|---|---|---|---|---|---|---|---|']
   counts = stability_counts(experiment, results)
   for group, c in counts.items():
     lo, hi = c['interval']
@@ -326,8 +347,13 @@ def stability(experiment, results: list[Result]) -> str:
     loss_cell = (_cell(losses, '.3f') + ' (' + ', '.join(
         f's{s} {"-" if v is None else format(v, ".3f")}' for s, v in c['trained_loss'].items())
                  + ')' if losses else '-')
+    gap = c['gap']
+    gap_cell = '-' if gap is None else (
+        f'{gap["mean"]:+.3f}' + ('' if gap['interval'] is None else
+                                 ' [{:+.3f}, {:+.3f}]'.format(*gap['interval']))
+        + f' ({gap["lower"]}/{gap["n"]} lower)')
     lines.append(f'| {group} | {c["diverged"]}/{c["runs"]} | {c["halted"]}, {c["collapsed"]} | '
-                 f'[{lo:.2f}, {hi:.2f}] | {p} | {spike_cell} | {loss_cell} |')
+                 f'[{lo:.2f}, {hi:.2f}] | {p} | {spike_cell} | {loss_cell} | {gap_cell} |')
   lines += ['', 'The largest learning rate at which every seed trained, per variant; the smallest '
             'at which some seed failed:', '',
             '| variant | largest that trains on every seed | smallest with a failure |',

@@ -687,7 +687,19 @@ def test_stability_counts_failures_per_rate_with_interval_fisher_and_largest_sta
       'g1_elementwise': {'largest': 0.03, 'first_failure': 0.1, 'monotone': True}}
   text = report.stability(exp, results)
   assert ('| baseline_learning_rate=0.03 | 3/5 | 2, 1 | [0.23, 0.88] | - | 2.0 ± 1.6 (s0 0, '
-          's1 1, s2 2, s3 3, s4 4) | 2.450 ± 0.071 (s0 2.400, s4 2.500) |') in text
+          's1 1, s2 2, s3 3, s4 4) | 2.450 ± 0.071 (s0 2.400, s4 2.500) | - |') in text
+  # the paired gap over the seeds at which both trained (0 and 4 at 0.03): 0.2 and 0.1; the
+  # 95% t interval 0.15 ± 12.706 * 0.05
+  gap = g3['gap']
+  assert (gap['n'], gap['lower']) == (2, 2) and gap['mean'] == pytest.approx(0.15)
+  assert gap['interval'] == pytest.approx([0.15 - 12.7062 * 0.05, 0.15 + 12.7062 * 0.05],
+                                          abs=1e-3)
+  assert '| +0.150 [-0.485, +0.785] (2/2 lower) |' in text
+  assert b3['gap'] is None and g10['gap'] is None   # the baseline trained on no seed at 0.1
+  g1 = counts['g1_elementwise_learning_rate=0.01']['gap']   # seed 0 of the baseline unfinished
+  assert (g1['n'], g1['lower']) == (4, 4) and g1['mean'] == pytest.approx(0.1)
+  assert report.paired_gap({'0': 2.0}, {'0': 1.5, '1': 1.0}) == {
+      'mean': 0.5, 'interval': None, 'n': 1, 'lower': 1}
   assert '| g1_elementwise | 0.03 | 0.1 |' in text
   # without DIVERGED_ABOVE only the guard's halts count
   path.write_text(path.read_text().replace('DIVERGED_ABOVE = 3.0\n', ''))
