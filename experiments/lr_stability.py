@@ -5,8 +5,8 @@ without the baseline's loss spikes and at learning rates where the baseline dive
 1.7B-48L baseline diverges at 8e-3, batch 4096, where the gated model trains). The one-seed
 experiment (experiments/lr_tolerance.py: 4 layers, hidden 128, QK-norm, natural text) saw no
 divergence boundary between the variants. Here the setting the paper's observation points to:
-depth against width (8 layers of width 64, 2 heads of 32, SwiGLU 192; 452k parameters,
-the elementwise gate adds 8k), QK-norm off (its effect is experiments/lr_stability_qknorm.py), on
+depth against width (8 layers of width 64, 2 heads of 32, SwiGLU 192; 452k parameters;
+the elementwise gate adds 33k, the headwise 1k; the FFN is not narrowed), QK-norm off (its effect is experiments/lr_stability_qknorm.py), on
 the Bigram-Backcopy task (vocab 32, 4 triggers, branching 3, task seed 0: optimal loss 0.547,
 unigram entropy 2.796), so that a run that trains and one that fails are far apart in loss,
 where on the built-in text a 12-layer model of width 64 trained for 200 steps ended near the
