@@ -367,6 +367,47 @@ def stability(experiment, results: list[Result]) -> str:
   return '\n'.join(lines)
 
 
+STABILITY_FIGURE = 'stability.png'
+
+
+def stability_figure(experiment, results: list[Result]) -> Figure:
+  """Per variant (and point), against the peak learning rate (log scale): the share of runs
+  that failed to train with its 95% Wilson interval (left), and the final validation loss of
+  the runs that trained, each seed a dot and the mean a line (right)."""
+  counts = stability_counts(experiment, results)
+  series = {}
+  for c in counts.values():
+    if c['learning_rate'] is not None and c['runs']:
+      series.setdefault(c['variant_point'], []).append(c)
+  fig, axes = _figure(11, 4, ncols=2)
+  for i, (name, cs) in enumerate(series.items()):
+    cs = sorted(cs, key=lambda c: c['learning_rate'])
+    lrs = np.asarray([c['learning_rate'] for c in cs])
+    shift = lrs * (1 + 0.04 * (i - (len(series) - 1) / 2))   # side by side, not on top
+    rate = np.asarray([c['diverged'] / c['runs'] for c in cs])
+    lo = np.asarray([c['interval'][0] for c in cs])
+    hi = np.asarray([c['interval'][1] for c in cs])
+    axes[0].errorbar(shift, rate, yerr=[rate - lo, hi - rate], color=f'C{i % 10}', marker='o',
+                     capsize=3, label=name)
+    means = [np.mean(list(c['trained_loss'].values())) if c['trained_loss'] else np.nan
+             for c in cs]
+    axes[1].plot(shift, means, color=f'C{i % 10}', marker='o', label=name)
+    for x, c in zip(shift, cs):
+      ys = [v for v in c['trained_loss'].values() if v is not None]
+      axes[1].scatter([x] * len(ys), ys, s=10, color=f'C{i % 10}', alpha=0.5)
+  above = experiment.diverged_above
+  if above is not None:
+    axes[1].axhline(above, color='gray', ls=':', lw=1, label=f'failure line {above:g}')
+  axes[0].set(xscale='log', xlabel='peak learning rate', ylabel='share of runs that failed',
+              ylim=(-0.05, 1.05), title='failed to train (95% Wilson interval)')
+  axes[1].set(xscale='log', xlabel='peak learning rate', ylabel='final validation loss',
+              title='runs that trained: each seed, and the mean')
+  for ax in axes:
+    if ax.lines:
+      ax.legend(fontsize=7)
+  return fig
+
+
 def _copy_share(res: Result):
   d = (res.report or {}).get('data_description') or {}
   return d.get('trigger_fraction')
@@ -741,7 +782,8 @@ def long_context_figure(experiment, results: list[Result]) -> Figure:
 
 def figure_names(experiment) -> tuple[str, ...]:
   return (FIGURES + ((LONG_CONTEXT_FIGURE,) if experiment.long_context else ())
-          + ((scaling.FIGURE,) if experiment.scaling else ()))
+          + ((scaling.FIGURE,) if experiment.scaling else ())
+          + ((STABILITY_FIGURE,) if experiment.stability else ()))
 
 
 def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
@@ -758,6 +800,8 @@ def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
     figures[LONG_CONTEXT_FIGURE] = long_context_figure(experiment, results)
   if experiment.scaling:
     figures[scaling.FIGURE] = scaling.figure(results)
+  if experiment.stability:
+    figures[STABILITY_FIGURE] = stability_figure(experiment, results)
   for name, fig in figures.items():
     plots.save(fig, storage.join(out_dir, name))
   summary_json = summary(experiment, results)

@@ -701,6 +701,13 @@ def test_stability_counts_failures_per_rate_with_interval_fisher_and_largest_sta
   assert report.paired_gap({'0': 2.0}, {'0': 1.5, '1': 1.0}) == {
       'mean': 0.5, 'interval': None, 'n': 1, 'lower': 1}
   assert '| g1_elementwise | 0.03 | 0.1 |' in text
+  fig = report.stability_figure(exp, results)
+  failed, loss = fig.axes[:2]
+  assert [l.get_label() for l in failed.lines if not l.get_label().startswith('_')] == []  # errorbars
+  assert [c.get_label() for c in failed.containers] == ['baseline', 'g1_elementwise']
+  base_rate = failed.containers[0].lines[0].get_ydata()
+  assert list(base_rate) == pytest.approx([0.0, 0.6, 1.0])
+  assert 'stability.png' in report.figure_names(exp)
   # without DIVERGED_ABOVE only the guard's halts count
   path.write_text(path.read_text().replace('DIVERGED_ABOVE = 3.0\n', ''))
   exp = spec.load(str(path), report.METRICS)
