@@ -213,6 +213,202 @@ def formation(experiment, results: list[Result]) -> str:
   return '\n'.join(lines)
 
 
+def _learning_rate(run) -> float | None:
+  lr = dict(run.overrides).get('train.learning_rate')
+  return None if lr is None else float(lr)
+
+
+def _without_learning_rate(run, point: str) -> str:
+  """`point` (a group name less its variant) without the learning rate's label
+  (spec._label's form)."""
+  lr = dict(run.overrides).get('train.learning_rate')
+  return point if lr is None else point.replace(f'_learning_rate={_flag(lr)}', '')
+
+
+def diverged(res: Result, above: float | None = None) -> bool | None:
+  """Whether a run failed to train: the guard halted it (status 'diverged': a sustained loss
+  spike or non-finite steps in a row, training/stability.py), or it finished with a final
+  validation loss above `above` (None: only halts count), e.g. the corpus's unigram entropy, the
+  loss of a model that learnt nothing but the token frequencies. None: not finished."""
+  if res.status == 'diverged':
+    return True
+  if res.status != 'done':
+    return None
+  loss = _from_report('loss')(res)
+  return bool(above is not None and loss is not None and loss > above)
+
+
+def _spikes(res: Result) -> int:
+  """The guard's spike steps of a run, from its rows (a halted run's too: no analysis needed)."""
+  return metrics_lib.stability(res.rows)['spikes']
+
+
+def stability_counts(experiment, results: list[Result]) -> dict:
+  """Per group (one variant at one learning rate): the finished runs that failed to train
+  (`diverged` of `runs`: `halted` by the guard, `collapsed` above DIVERGED_ABOVE), the rate's 95%
+  Wilson `interval`, Fisher's exact test (two-sided) against the baseline's count at the same
+  point and learning rate (`fisher_p`; None for the baseline, or where there is none), each
+  finished run's spike steps (`spikes`, by seed) and the final validation loss of the runs that
+  trained (`trained_loss`, by seed)."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  above, groups, out = experiment.diverged_above, by_group(experiment, results), {}
+  for group, rs in groups.items():
+    finished = [r for r in rs if diverged(r, above) is not None]
+    failed = [r for r in finished if diverged(r, above)]
+    variant = rs[0].run.variant
+    out[group] = {
+        'variant': variant, 'point': group[len(variant):],
+        'variant_point': variant + _without_learning_rate(rs[0].run, group[len(variant):]),
+        'learning_rate': _learning_rate(rs[0].run), 'diverged': len(failed), 'runs': len(finished),
+        'halted': sum(r.status == 'diverged' for r in failed),
+        'collapsed': sum(r.status == 'done' for r in failed),
+        'seeds': [r.run.seed for r in failed],
+        'interval': list(wilson_interval(len(failed), len(finished))),
+        'spikes': {str(r.run.seed): _spikes(r) for r in finished},
+        'trained_loss': {str(r.run.seed): _from_report('loss')(r) for r in finished
+                         if not diverged(r, above)}}
+  for c in out.values():
+    base = next((b for b in out.values() if b['variant'] == 'baseline'
+                 and b['point'] == c['point']), None)
+    c['fisher_p'], c['gap'] = None, None
+    if base is not None and c['variant'] != 'baseline':
+      c['gap'] = paired_gap(base['trained_loss'], c['trained_loss'])
+    if base is not None and c['variant'] != 'baseline' and base['runs'] and c['runs']:
+      c['fisher_p'] = float(stats.fisher_exact(
+          [[base['diverged'], base['runs'] - base['diverged']],
+           [c['diverged'], c['runs'] - c['diverged']]])[1])
+  return out
+
+
+def paired_gap(base: dict, other: dict) -> dict | None:
+  """The baseline's final loss minus the variant's, paired by seed over the seeds at which both
+  trained (dicts seed -> loss): `mean`, its 95% t `interval` (None with one pair), `n`, and
+  `lower` (the pairs in which the variant's loss is the lower). None without a pair."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  seeds = [s for s in base if s in other and base[s] is not None and other[s] is not None]
+  if not seeds:
+    return None
+  d = np.asarray([base[s] - other[s] for s in seeds], float)
+  interval = None
+  if len(d) > 1:
+    half = stats.t.ppf(0.975, len(d) - 1) * np.std(d, ddof=1) / np.sqrt(len(d))
+    interval = [float(d.mean() - half), float(d.mean() + half)]
+  return {'mean': float(d.mean()), 'interval': interval, 'n': len(d),
+          'lower': int((d > 0).sum())}
+
+
+def largest_stable(counts: dict) -> dict:
+  """Per variant and point (the group name without its learning rate): the largest learning rate
+  at which every finished seed trained (`largest`; None: none did), the smallest at which some
+  seed failed (`first_failure`), and whether every rate below `largest` trained on every seed
+  too (`monotone`)."""
+  out = {}
+  for c in counts.values():
+    if c['learning_rate'] is None or not c['runs']:
+      continue
+    out.setdefault(c['variant_point'], []).append((c['learning_rate'], c['diverged']))
+  result = {}
+  for key, rates in out.items():
+    rates.sort()
+    ok = [lr for lr, k in rates if k == 0]
+    bad = [lr for lr, k in rates if k > 0]
+    largest = max(ok) if ok else None
+    result[key] = {'largest': largest, 'first_failure': min(bad) if bad else None,
+                   'monotone': largest is None or all(k == 0 for lr, k in rates if lr <= largest)}
+  return result
+
+
+def _flag(value) -> str:
+  return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def stability(experiment, results: list[Result]) -> str:
+  """Markdown of stability_counts (a row per group) and largest_stable (a row per variant)."""
+  above = experiment.diverged_above
+  what = ('halted by the guard' + (f', or final validation loss above {above:g}'
+                                   if above is not None else ''))
+  lines = [f'Failed to train ({what}), per variant and learning rate, with the rate\'s 95% '
+           'Wilson interval and Fisher\'s exact test (two-sided) against the baseline at the same '
+           'learning rate; spike steps per finished run (the guard\'s, by seed); final validation '
+           'loss of the runs that trained (mean ± std, by seed), and the baseline\'s minus the '
+           'variant\'s, paired by seed over the seeds at which both trained (mean, 95% t '
+           'interval; the pairs in which the variant is lower):', '',
+           '| run | failed | halted, collapsed | 95% interval | Fisher p vs baseline | '
+           'spike steps per run | final loss of the runs that train | baseline - run, paired |',
+           '|---|---|---|---|---|---|---|---|']
+  counts = stability_counts(experiment, results)
+  for group, c in counts.items():
+    lo, hi = c['interval']
+    p = '-' if c['fisher_p'] is None else format(c['fisher_p'], '.3f')
+    spikes = list(c['spikes'].values())
+    spike_cell = (_cell(spikes, '.1f') + ' (' + ', '.join(f's{s} {v}' for s, v in
+                                                           c['spikes'].items()) + ')'
+                  if spikes else '-')
+    losses = list(c['trained_loss'].values())
+    loss_cell = (_cell(losses, '.3f') + ' (' + ', '.join(
+        f's{s} {"-" if v is None else format(v, ".3f")}' for s, v in c['trained_loss'].items())
+                 + ')' if losses else '-')
+    gap = c['gap']
+    gap_cell = '-' if gap is None else (
+        f'{gap["mean"]:+.3f}' + ('' if gap['interval'] is None else
+                                 ' [{:+.3f}, {:+.3f}]'.format(*gap['interval']))
+        + f' ({gap["lower"]}/{gap["n"]} lower)')
+    lines.append(f'| {group} | {c["diverged"]}/{c["runs"]} | {c["halted"]}, {c["collapsed"]} | '
+                 f'[{lo:.2f}, {hi:.2f}] | {p} | {spike_cell} | {loss_cell} | {gap_cell} |')
+  lines += ['', 'The largest learning rate at which every seed trained, per variant; the smallest '
+            'at which some seed failed:', '',
+            '| variant | largest that trains on every seed | smallest with a failure |',
+            '|---|---|---|']
+  for key, s in largest_stable(counts).items():
+    largest = '-' if s['largest'] is None else format(s['largest'], 'g')
+    if not s['monotone']:
+      largest += ' (a lower rate failed)'
+    first = '-' if s['first_failure'] is None else format(s['first_failure'], 'g')
+    lines.append(f'| {key} | {largest} | {first} |')
+  return '\n'.join(lines)
+
+
+STABILITY_FIGURE = 'stability.png'
+
+
+def stability_figure(experiment, results: list[Result]) -> Figure:
+  """Per variant (and point), against the peak learning rate (log scale): the share of runs
+  that failed to train with its 95% Wilson interval (left), and the final validation loss of
+  the runs that trained, each seed a dot and the mean a line (right)."""
+  counts = stability_counts(experiment, results)
+  series = {}
+  for c in counts.values():
+    if c['learning_rate'] is not None and c['runs']:
+      series.setdefault(c['variant_point'], []).append(c)
+  fig, axes = _figure(11, 4, ncols=2)
+  for i, (name, cs) in enumerate(series.items()):
+    cs = sorted(cs, key=lambda c: c['learning_rate'])
+    lrs = np.asarray([c['learning_rate'] for c in cs])
+    shift = lrs * (1 + 0.04 * (i - (len(series) - 1) / 2))   # side by side, not on top
+    rate = np.asarray([c['diverged'] / c['runs'] for c in cs])
+    lo = np.asarray([c['interval'][0] for c in cs])
+    hi = np.asarray([c['interval'][1] for c in cs])
+    axes[0].errorbar(shift, rate, yerr=[rate - lo, hi - rate], color=f'C{i % 10}', marker='o',
+                     capsize=3, label=name)
+    means = [np.mean(list(c['trained_loss'].values())) if c['trained_loss'] else np.nan
+             for c in cs]
+    axes[1].plot(shift, means, color=f'C{i % 10}', marker='o', label=name)
+    for x, c in zip(shift, cs):
+      ys = [v for v in c['trained_loss'].values() if v is not None]
+      axes[1].scatter([x] * len(ys), ys, s=10, color=f'C{i % 10}', alpha=0.5)
+  above = experiment.diverged_above
+  if above is not None:
+    axes[1].axhline(above, color='gray', ls=':', lw=1, label=f'failure line {above:g}')
+  axes[0].set(xscale='log', xlabel='peak learning rate', ylabel='share of runs that failed',
+              ylim=(-0.05, 1.05), title='failed to train (95% Wilson interval)')
+  axes[1].set(xscale='log', xlabel='peak learning rate', ylabel='final validation loss',
+              title='runs that trained: each seed, and the mean')
+  for ax in axes:
+    if ax.lines:
+      ax.legend(fontsize=7)
+  return fig
+
+
 def _copy_share(res: Result):
   d = (res.report or {}).get('data_description') or {}
   return d.get('trigger_fraction')
@@ -587,7 +783,8 @@ def long_context_figure(experiment, results: list[Result]) -> Figure:
 
 def figure_names(experiment) -> tuple[str, ...]:
   return (FIGURES + ((LONG_CONTEXT_FIGURE,) if experiment.long_context else ())
-          + ((scaling.FIGURE,) if experiment.scaling else ()))
+          + ((scaling.FIGURE,) if experiment.scaling else ())
+          + ((STABILITY_FIGURE,) if experiment.stability else ()))
 
 
 def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
@@ -604,17 +801,24 @@ def write(experiment, results: list[Result], out_dir: str, header: str) -> str:
     figures[LONG_CONTEXT_FIGURE] = long_context_figure(experiment, results)
   if experiment.scaling:
     figures[scaling.FIGURE] = scaling.figure(results)
+  if experiment.stability:
+    figures[STABILITY_FIGURE] = stability_figure(experiment, results)
   for name, fig in figures.items():
     plots.save(fig, storage.join(out_dir, name))
   summary_json = summary(experiment, results)
   if experiment.formed_below is not None:
     summary_json['_formed'] = formation_counts(experiment, results)
+  if experiment.stability:
+    counts = stability_counts(experiment, results)
+    summary_json['_stability'] = {'groups': counts, 'largest_stable': largest_stable(counts)}
   if experiment.scaling:
     summary_json['_scaling'] = {'fits': scaling.fits(results), 'gaps': scaling.gaps(results)}
   storage.write(storage.join(out_dir, 'summary.json'), json.dumps(summary_json, indent=1))
   text = f'{header}\n\n{table(experiment, results)}\n'
   if experiment.formed_below is not None:
     text += f'\n{formation(experiment, results)}\n'
+  if experiment.stability:
+    text += f'\n{stability(experiment, results)}\n'
   if experiment.long_context:
     text += f'\n{long_context_tables(experiment, results)}\n'
   if experiment.scaling:

@@ -19,6 +19,15 @@ An experiment is a Python file under experiments/ with these module-level names:
   TITLE = '...'; DESCRIPTION = '...'             # optional: the heading and text in results.md
   SCALING = True                                 # optional: loss against size and compute,
                                                  # power laws per variant (experiments/scaling.py)
+  STABILITY = True                               # optional: per group, the runs that failed to
+                                                 # train (halted by the guard, or final validation
+                                                 # loss above DIVERGED_ABOVE) with the rate's Wilson
+                                                 # interval, Fisher's exact test against the
+                                                 # baseline at the same learning rate, spike steps
+                                                 # per run, and the largest learning rate that trains
+                                                 # on every seed, per variant
+  DIVERGED_ABOVE = 3.24                          # optional, with STABILITY: a finished run above
+                                                 # this final validation loss failed (collapsed)
   FORMED_BELOW = 1.17                            # optional: a run whose final validation loss is
                                                  # below this has formed the capability the
                                                  # task tests (e.g. retrieval): the table counts
@@ -98,6 +107,8 @@ class Experiment:
   long_context_overrides: dict = dataclasses.field(default_factory=dict)
   scaling: bool = False
   formed_below: float | None = None
+  stability: bool = False
+  diverged_above: float | None = None
 
   def analyze_args(self, workdir: str) -> list[str]:
     return ['main.py', '--mode=analyze', f'--workdir={workdir}'] + [
@@ -228,6 +239,18 @@ def _formed_below(path: str, value) -> float | None:
   return float(value)
 
 
+def _diverged_above(path: str, m) -> float | None:
+  value = getattr(m, 'DIVERGED_ABOVE', None)
+  if value is None:
+    return None
+  if not getattr(m, 'STABILITY', False):
+    raise ExperimentError(f'{path}: DIVERGED_ABOVE is read only with STABILITY = True.')
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    raise ExperimentError(f'{path}: DIVERGED_ABOVE must be a positive validation loss (nats a '
+                          f'token), e.g. 3.24; it is {value!r}.')
+  return float(value)
+
+
 def _check_long_context(path: str, m):
   labels = dict(getattr(m, 'LONG_CONTEXT', {}))
   for label, overrides in labels.items():
@@ -332,6 +355,8 @@ def load(path: str, known_columns) -> Experiment:
                     long_context=_check_long_context(path, m),
                     scaling=bool(getattr(m, 'SCALING', False)),
                     formed_below=_formed_below(path, getattr(m, 'FORMED_BELOW', None)),
+                    stability=bool(getattr(m, 'STABILITY', False)),
+                    diverged_above=_diverged_above(path, m),
                     long_context_overrides=dict(getattr(m, 'LONG_CONTEXT_OVERRIDES', {})))
 
 

@@ -637,6 +637,88 @@ def test_formation_counted_with_interval_first_step_and_fisher(tmp_path):
       spec.load(str(path), report.METRICS)
 
 
+def test_stability_counts_failures_per_rate_with_interval_fisher_and_largest_stable(tmp_path):
+  """Issue 49 (2): STABILITY counts, per variant and learning rate, the runs that failed to
+  train (halted by the guard, or a final validation loss above DIVERGED_ABOVE), with the rate's
+  Wilson interval, Fisher's exact test against the baseline at the same rate (here against its
+  definition), each run's spike steps from its rows (a halted run's too) and the final loss of
+  the runs that trained; and per variant the largest rate at which every seed trained."""
+  path = tmp_path / 'stab.py'
+  path.write_text(EXPERIMENT.replace('SEEDS = [0]', 'SEEDS = [0, 1, 2, 3, 4]') +
+                  "GRID = {'train.learning_rate': [0.01, 0.03, 0.1]}\nSTABILITY = True\n"
+                  'DIVERGED_ABOVE = 3.0\n')
+  exp = spec.load(str(path), report.METRICS)
+  assert exp.stability and exp.diverged_above == 3.0
+  # per (variant, rate): each seed's outcome: 'h' halted, a loss (> 3.0: collapsed)
+  outcomes = {('baseline', 0.01): [2.1, 2.2, 2.0, 2.1, 2.3],
+              ('baseline', 0.03): [2.4, 'h', 3.4, 'h', 2.5],
+              ('baseline', 0.1): ['h', 'h', 'h', 3.5, 'h'],
+              ('g1_elementwise', 0.01): [2.0, 2.1, 1.9, 2.0, 2.2],
+              ('g1_elementwise', 0.03): [2.2, 2.3, 2.1, 2.2, 2.4],
+              ('g1_elementwise', 0.1): [2.9, 'h', 2.8, 3.1, 2.7]}
+  results = []
+  for r in exp.runs:
+    o = outcomes[(r.variant, dict(r.overrides)['train.learning_rate'])][r.seed]
+    spikes = [{'split': 'spike', 'step': 10 + i} for i in range(r.seed)]  # seed s: s spikes
+    rows = [{'split': 'train', 'step': 5, 'loss': 3.0}] + spikes
+    if o == 'h':
+      results.append(report.Result(r, {'status': 'diverged'}, None, rows + [
+          {'split': 'failure', 'step': 99}]))
+    else:
+      results.append(report.Result(r, {'status': 'done'}, {'loss': o}, rows))
+  results[0] = report.Result(results[0].run, {'status': 'training'}, None, [])  # unfinished
+  counts = report.stability_counts(exp, results)
+  b3, g3 = counts['baseline_learning_rate=0.03'], counts['g1_elementwise_learning_rate=0.03']
+  assert (b3['diverged'], b3['runs'], b3['halted'], b3['collapsed']) == (3, 5, 2, 1)
+  assert b3['seeds'] == [1, 2, 3] and b3['fisher_p'] is None
+  assert b3['interval'] == pytest.approx(report.wilson_interval(3, 5))
+  assert b3['spikes'] == {'0': 0, '1': 1, '2': 2, '3': 3, '4': 4}
+  assert b3['trained_loss'] == {'0': 2.4, '4': 2.5}
+  assert g3['fisher_p'] == pytest.approx(_fisher_two_sided(3, 5, 0, 5))
+  g10 = counts['g1_elementwise_learning_rate=0.1']
+  assert (g10['diverged'], g10['runs']) == (2, 5)
+  assert g10['fisher_p'] == pytest.approx(_fisher_two_sided(5, 5, 2, 5))
+  assert g10['fisher_p'] == pytest.approx(0.1667, abs=1e-4)
+  b1 = counts['baseline_learning_rate=0.01']
+  assert (b1['diverged'], b1['runs']) == (0, 4)   # the unfinished seed is not counted
+  assert counts['g1_elementwise_learning_rate=0.01']['fisher_p'] == pytest.approx(1.0)
+  assert report.largest_stable(counts) == {
+      'baseline': {'largest': 0.01, 'first_failure': 0.03, 'monotone': True},
+      'g1_elementwise': {'largest': 0.03, 'first_failure': 0.1, 'monotone': True}}
+  text = report.stability(exp, results)
+  assert ('| baseline_learning_rate=0.03 | 3/5 | 2, 1 | [0.23, 0.88] | - | 2.0 ± 1.6 (s0 0, '
+          's1 1, s2 2, s3 3, s4 4) | 2.450 ± 0.071 (s0 2.400, s4 2.500) | - |') in text
+  # the paired gap over the seeds at which both trained (0 and 4 at 0.03): 0.2 and 0.1; the
+  # 95% t interval 0.15 ± 12.706 * 0.05
+  gap = g3['gap']
+  assert (gap['n'], gap['lower']) == (2, 2) and gap['mean'] == pytest.approx(0.15)
+  assert gap['interval'] == pytest.approx([0.15 - 12.7062 * 0.05, 0.15 + 12.7062 * 0.05],
+                                          abs=1e-3)
+  assert '| +0.150 [-0.485, +0.785] (2/2 lower) |' in text
+  assert b3['gap'] is None and g10['gap'] is None   # the baseline trained on no seed at 0.1
+  g1 = counts['g1_elementwise_learning_rate=0.01']['gap']   # seed 0 of the baseline unfinished
+  assert (g1['n'], g1['lower']) == (4, 4) and g1['mean'] == pytest.approx(0.1)
+  assert report.paired_gap({'0': 2.0}, {'0': 1.5, '1': 1.0}) == {
+      'mean': 0.5, 'interval': None, 'n': 1, 'lower': 1}
+  assert '| g1_elementwise | 0.03 | 0.1 |' in text
+  fig = report.stability_figure(exp, results)
+  failed, loss = fig.axes[:2]
+  assert [l.get_label() for l in failed.lines if not l.get_label().startswith('_')] == []  # errorbars
+  assert [c.get_label() for c in failed.containers] == ['baseline', 'g1_elementwise']
+  base_rate = failed.containers[0].lines[0].get_ydata()
+  assert list(base_rate) == pytest.approx([0.0, 0.6, 1.0])
+  assert 'stability.png' in report.figure_names(exp)
+  # without DIVERGED_ABOVE only the guard's halts count
+  path.write_text(path.read_text().replace('DIVERGED_ABOVE = 3.0\n', ''))
+  exp = spec.load(str(path), report.METRICS)
+  assert report.stability_counts(exp, results)['baseline_learning_rate=0.03']['diverged'] == 2
+  for bad, match in (('STABILITY = False\nDIVERGED_ABOVE = 3.0', 'only with STABILITY'),
+                     ('DIVERGED_ABOVE = -1', 'DIVERGED_ABOVE must be a positive')):
+    path.write_text(EXPERIMENT + bad + '\n' + ('STABILITY = True\n' if '-1' in bad else ''))
+    with pytest.raises(spec.ExperimentError, match=match):
+      spec.load(str(path), report.METRICS)
+
+
 def test_scaling_fits_against_independent_least_squares():
   """Issue 39 (2): experiments/scaling.py's power law, bootstrap and gap trend against float64
   least squares written out here (np.linalg.lstsq), on random data."""
