@@ -162,7 +162,7 @@ def search(variant, scale, slices, cache, args, log, seq=SEQ, extra=None):
       continue
 
     def attempt(ga, topology=topology):
-      k = key(variant, scale, topology, ga, extra)
+      k = key(variant, scale, topology, ga, extra if seq == SEQ else (f'seq={seq}', *extra))
       r = cached(cache, k, args, log, lambda: compile_one(
           variant, scale, topology, ga, extra, args.timeout, seq=seq))
       attempts.append(dict(topology=topology, grad_accum=ga, fits=r.get('fits'),
@@ -459,7 +459,7 @@ def long_context_stage(args, cache, log):
   """The 32k continued-training table and the 64k / 128k evaluation table; the scales and
   variants not asked for are filled from the cache where it has them ("not computed" else)."""
   train_rows, eval_rows, attempts = [], [], {}
-  extra = (f'--config.data.seq_len={EXTEND_SEQ}', *EXTEND_FLAGS, *args.extra)
+  extra = (*EXTEND_FLAGS, *args.extra)
   for scale in SCALES:
     for variant in VARIANTS:
       args.cache_only = not (scale in args.scales.split(',') and

@@ -91,7 +91,7 @@ def none_fits(tried: list[Attempt], where: str) -> str:
             'verdict; a larger grad_accum would not change it).')
   return (f'No grad_accum fits {where}: tried {", ".join(str(a.grad_accum) for a in tried)}; '
           f'the largest, {last.grad_accum} ({last.micro_batch:g} sequence(s) per device per '
-          f'micro-batch), still does not: {last.message.rstrip(".")}. Change something else: a bigger slice '
-          '(more devices share the parameters and optimizer state), '
+          f'micro-batch), still does not: {last.message.rstrip(".")}. Change something else: '
+          'a bigger slice (more devices share the parameters and optimizer state), '
           '--config.model.remat=full (keeps less of the forward pass), a shorter '
           '--config.data.seq_len, or more parameter sharding in --config.mesh.')
