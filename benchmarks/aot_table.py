@@ -178,8 +178,10 @@ def search(variant, scale, slices, cache, args, log, seq=SEQ, extra=None):
 
 
 def search_eval(variant, scale, length, slices, cache, args, log):
-  """(report, attempts): --mode=long_context's scoring step at `length` with YaRN: the first of
-  `slices`, and on it the largest of EVAL_BATCHES, whose compiled step fits."""
+  """(report, RULER's report, attempts): --mode=long_context's scoring step at `length` with
+  YaRN: the first of `slices`, and on it the largest of EVAL_BATCHES, whose compiled step fits;
+  then, on that slice, the largest batch at which RULER's generation fits too (its prefill
+  logits added), or the report at batch 1 if none."""
   from gated_attention.compile import fit  # pylint: disable=g-import-not-at-top
   attempts = []
   for shape in slices:
@@ -198,9 +200,18 @@ def search_eval(variant, scale, length, slices, cache, args, log):
                            compile_seconds=r.get('compile_seconds')))
       return r
     found, _ = fit.walk(list(EVAL_BATCHES), attempt, 1, log=lambda _: None)
-    if found is not None or attempts[-1].get('error') == NOT_COMPUTED:
-      return found and found.result, attempts
-  return None, attempts
+    if found is None and attempts[-1].get('error') == NOT_COMPUTED:
+      return None, None, attempts
+    if found is not None:
+      def ruler_attempt(batch, attempt=attempt):
+        r = attempt(batch)    # the same compile: RULER adds its prefill logits to its memory
+        return dict(r, fits=r.get('ruler_fits') if r.get('fits') else r.get('fits'))
+      ruler, tried = fit.walk([b for b in EVAL_BATCHES if b <= found.grad_accum], ruler_attempt,
+                              1, log=lambda _: None)
+      if ruler is None and tried[-1].result.get('error') != NOT_COMPUTED:
+        ruler = tried[-1]     # none fits: the smallest batch's total
+      return found.result, ruler and ruler.result, attempts
+  return None, None, attempts
 
 
 def fmt_row(variant, scale, r, last):
@@ -370,7 +381,7 @@ def write_doc(tables, attempts_by_row, cache, args):
     f.write('\n'.join(out).rstrip() + '\n')
 
 
-def fmt_eval_row(variant, scale, length, r, attempts, last):
+def fmt_eval_row(variant, scale, length, r, ruler, attempts, last):
   """A row of the long-context evaluation table."""
   if r is None:
     if attempts and attempts[-1].get('error') == NOT_COMPUTED:
@@ -378,12 +389,19 @@ def fmt_eval_row(variant, scale, length, r, attempts, last):
     return (f'| {scale} | {variant} | {length} | does not fit at batch 1 up to v5p:{last} | '
             '| | | | | |')
   m, e = r['memory'], r['evaluation']
-  ruler = r['ruler_total_bytes'] / 2**30
+  if ruler is None:
+    cell = 'not computed'
+  elif ruler.get('ruler_fits'):
+    cell = f'batch {ruler["evaluation"]["batch"]}: {ruler["ruler_total_bytes"] / 2**30:.1f} GiB'
+  elif ruler.get('fits'):
+    cell = (f'does NOT fit: {ruler["ruler_total_bytes"] / 2**30:.1f} GiB at batch '
+            f'{ruler["evaluation"]["batch"]}')
+  else:
+    cell = f'does NOT fit ({ruler.get("message", ruler.get("error", ""))[:60]})'
   return (f'| {scale} | {variant} | {length} | {r["topology"]} ({r["devices"]} chips) | '
           f'{e["batch"]} | {m["total_bytes"] / 2**30:.1f} GiB ({m["hbm_fraction"]:.0%}) | '
           f'{r["kv_cache_bytes_per_device"] / 2**30:.1f} GiB | '
-          f'{r["params_bytes_per_device"] / 2**30:.1f} GiB | '
-          f'{ruler:.1f} GiB ({"fits" if r["ruler_fits"] else "does NOT fit"}) | '
+          f'{r["params_bytes_per_device"] / 2**30:.1f} GiB | {cell} | '
           f'{r["compile_seconds"]["compile"]:.0f} s |')
 
 
@@ -428,12 +446,13 @@ def write_lc_doc(train_rows, eval_rows, attempts, args):
          f'`--config.data.seq_len={EXTEND_SEQ} {" ".join(EXTEND_FLAGS + YARN_FLAGS)} '
          '--config.long_context.lengths=L --config.long_context.batch_size=B`. The batch starts '
          f'at the evaluation\'s default 8 and halves ({", ".join(map(str, EVAL_BATCHES))}) until '
-         'the step fits; then the next slice. "+ RULER prefill logits": the RULER tasks '
-         'generate, and `generate._prefill` keeps the float32 logits of every prompt chunk and '
-         'concatenates them ([batch, length, vocab], twice while concatenating), added to the '
-         'compiled figure (analytic; not compiled).', '',
+         'the step fits; then the next slice. "RULER generation": the RULER tasks generate, and '
+         '`generate._prefill` keeps the float32 logits of every prompt chunk and concatenates '
+         'them ([batch, length, vocab], twice while concatenating); the column gives the largest '
+         'batch on that slice whose compiled step plus those logits (analytic; not compiled) '
+         'fits, or the total at batch 1 when none does.', '',
          '| model | variant | length | slice | batch | memory / chip (scoring step) | KV cache '
-         '(per chip, held twice) | parameters / chip | + RULER prefill logits | compile |',
+         '(per chip, held twice) | parameters / chip | RULER generation | compile |',
          '|---|---|---|---|---|---|---|---|---|---|', *eval_rows, '',
          kept.rstrip(), '', LC_SEARCH_LOG, '',
          'Every compile tried for this section ("no" fails in seconds; "yes" is a full compile).',
@@ -464,10 +483,10 @@ def long_context_stage(args, cache, log):
     for variant in VARIANTS:
       args.cache_only = not (scale in args.scales.split(',') and
                              variant in args.variants.split(','))
-      r, tried = search(variant, scale, args.slices, cache, args, log, seq=EXTEND_SEQ,
-                        extra=extra)
+      slices = args.train_slices.get(scale, args.slices)
+      r, tried = search(variant, scale, slices, cache, args, log, seq=EXTEND_SEQ, extra=extra)
       attempts[(variant, scale, f'train {EXTEND_SEQ}')] = tried
-      row = fmt_row(variant, scale, r, args.slices[-1])
+      row = fmt_row(variant, scale, r, slices[-1])
       if r is None and tried and tried[-1].get('error') == NOT_COMPUTED:
         row = f'| {scale} | {variant} | not computed | | | | | | | |'
       train_rows.append(row)
@@ -478,9 +497,11 @@ def long_context_stage(args, cache, log):
         args.cache_only = not (scale in args.scales.split(',') and
                                variant in args.variants.split(',') and
                                str(length) in args.lengths.split(','))
-        r, tried = search_eval(variant, scale, length, args.slices, cache, args, log)
-        attempts.setdefault((variant, scale, f'eval {length}'), []).extend(tried)
-        eval_rows.append(fmt_eval_row(variant, scale, length, r, tried, args.slices[-1]))
+        r, ruler, tried = search_eval(variant, scale, length, args.slices, cache, args, log)
+        attempts.setdefault((variant, scale, f'eval {length}'), []).extend(
+            a for a in tried if a not in attempts.get((variant, scale, f'eval {length}'), []))
+        eval_rows.append(fmt_eval_row(variant, scale, length, r, ruler, tried,
+                                      args.slices[-1]))
         log(eval_rows[-1])
   args.cache_only = False
   if not args.no_doc:
@@ -503,7 +524,13 @@ def main():
                  'the 64k / 128k evaluation (its own section of the doc)')
   p.add_argument('--lengths', default=','.join(map(str, EVAL_LENGTHS)),
                  help='--stage=long_context: the evaluation lengths to compile')
+  p.add_argument('--train-slices', default='',
+                 help='--stage=long_context: SCALE=GRID:GRID...,... the 32k training\'s slices '
+                 'for a scale (default --slices), e.g. moe_15a2b=2x2x2:2x2x4 to skip a slice the '
+                 '4k table already shows too small')
   args = p.parse_args()
+  args.train_slices = {k: v.split(':') for k, v in (
+      item.split('=') for item in args.train_slices.split(',') if item)}
   args.slices = args.slices.split(',')
   args.extra = tuple(args.extra.split())
   args.also = [a for a in args.also.split(',') if a]
