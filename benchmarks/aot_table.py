@@ -56,6 +56,10 @@ EXTEND_SEQ = 32768
 EXTEND_FLAGS = ('--config.model.rope_base=1e6',)
 EVAL_LENGTHS = (65536, 131072)
 EVAL_BATCHES = (8, 4, 2, 1)            # long_context.batch_size (default 8), halved until it fits
+# The MoE's evaluation with the default grouped matmul (megablox on TPU) does not compile on a
+# slice: "Mosaic kernels cannot be automatically partitioned" (the evaluation's jit has no mesh
+# context, so nothing wraps the Pallas kernel in a shard_map). Its rows use ragged_dot.
+EVAL_EXTRA = {'moe_15a2b': ('--config.model.moe.grouped_matmul=ragged_dot',)}
 YARN_FLAGS = ('--config.model.rope_scaling.type=yarn', '--config.model.rope_scaling.factor=4',
               f'--config.model.rope_scaling.original_max_len={EXTEND_SEQ}')
 
@@ -85,9 +89,11 @@ def compile_one(variant, scale, topology, ga, extra, timeout, seq=SEQ, flags=Non
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
   except subprocess.TimeoutExpired:
     return {'error': f'compile timed out after {timeout} s', 'wall_seconds': time.time() - t}
-  if p.returncode:
-    return {'error': (p.stderr or p.stdout).strip().splitlines()[-1][:500],
-            'wall_seconds': time.time() - t}
+  if p.returncode:   # the exception's line, not JAX's note on filtered frames after it
+    lines = [line for line in (p.stderr or p.stdout).strip().splitlines()
+             if line.strip() and not line.startswith('For simplicity, JAX has removed')
+             and set(line.strip()) != {'-'}]
+    return {'error': (lines or ['?'])[-1][:500], 'wall_seconds': round(time.time() - t, 1)}
   r = json.loads(p.stdout[p.stdout.index('{'):])
   r['wall_seconds'] = round(time.time() - t, 1)
   r['code'] = code_version()
@@ -190,8 +196,10 @@ def search_eval(variant, scale, length, slices, cache, args, log):
     def attempt(batch, topology=topology):
       flags = ('--plan=long_context', f'--config.data.seq_len={EXTEND_SEQ}',
                f'--config.long_context.lengths={length}',
-               f'--config.long_context.batch_size={batch}', *EXTEND_FLAGS, *YARN_FLAGS)
-      k = key(variant, scale, topology, f'eval{length}x{batch}', args.extra)
+               f'--config.long_context.batch_size={batch}', *EXTEND_FLAGS, *YARN_FLAGS,
+               *EVAL_EXTRA.get(scale, ()))
+      k = key(variant, scale, topology, f'eval{length}x{batch}',
+              (*EVAL_EXTRA.get(scale, ()), *args.extra))
       r = cached(cache, k, args, log, lambda: compile_one(
           variant, scale, topology, None, args.extra, args.timeout, flags=flags))
       attempts.append(dict(topology=topology, grad_accum=f'eval batch {batch}',
@@ -200,8 +208,8 @@ def search_eval(variant, scale, length, slices, cache, args, log):
                            compile_seconds=r.get('compile_seconds')))
       return r
     found, _ = fit.walk(list(EVAL_BATCHES), attempt, 1, log=lambda _: None)
-    if found is None and attempts[-1].get('error') == NOT_COMPUTED:
-      return None, None, attempts
+    if found is None and attempts[-1].get('error'):   # not computed, or no memory verdict:
+      return None, None, attempts                      # a bigger slice would not change it
     if found is not None:
       def ruler_attempt(batch, attempt=attempt):
         r = attempt(batch)    # the same compile: RULER adds its prefill logits to its memory
@@ -267,6 +275,19 @@ that compiles but exceeds HBM is flagged too, with the program's largest arrays.
         --config.train.grad_accum=16
     python main.py --config=configs/baseline.py:dense_1p7b_28l --mode=compile --topology=v5p:2x2x2 \\
         --config.mesh.fsdp=4 --config.mesh.data=2    # any mesh; one axis may be -1
+    python main.py --config=configs/baseline.py:dense_1p7b_28l --mode=compile --topology=v5p:2x2x1 \\
+        --config.data.seq_len=32768 --fit_grad_accum  # the smallest grad_accum that fits, walked up
+    python main.py --config=configs/baseline.py:dense_1p7b_28l --mode=compile --topology=v5p:2x2x1 \\
+        --plan=long_context --config.long_context.lengths=131072 --config.long_context.batch_size=2
+
+`--fit_grad_accum` compiles the step at the config's grad_accum x 1, 2, 4, ... (while every chip
+keeps at least one sequence per micro-batch; most steps that do not fit are refused in seconds) and
+prints one line per attempt, then the report of the first that fits; if none does, one paragraph
+names the largest tried and what else to change (a bigger slice, `remat=full`). `--mode=memory
+--fit_grad_accum` walks the same grad_accums against its estimate and
+`config.memory.device_memory_gib`. `--plan=long_context` compiles `--mode=long_context`'s scoring
+step (config.long_context: the largest length, batch_size, chunk) instead of the train step;
+`--mode=memory --plan=long_context` estimates it.
 
 Topology names are libtpu's: `v5p:2x2x1` (4 chips) ... `v5p:8x8x8`, `v5e:4x4` (`v5litepod:` is
 accepted), `v6e:2x2`, `v4:2x2x2`. Chip figures (`gated_attention/chips.py`, sources in the comments):
@@ -386,6 +407,9 @@ def fmt_eval_row(variant, scale, length, r, ruler, attempts, last):
   if r is None:
     if attempts and attempts[-1].get('error') == NOT_COMPUTED:
       return f'| {scale} | {variant} | {length} | not computed | | | | | | |'
+    if attempts and attempts[-1].get('error'):
+      return (f'| {scale} | {variant} | {length} | error on {attempts[-1]["topology"]}: '
+              f'{attempts[-1]["error"][:120]} | | | | | |')
     return (f'| {scale} | {variant} | {length} | does not fit at batch 1 up to v5p:{last} | '
             '| | | | | |')
   m, e = r['memory'], r['evaluation']
@@ -393,7 +417,7 @@ def fmt_eval_row(variant, scale, length, r, ruler, attempts, last):
     cell = 'not computed'
   elif ruler.get('ruler_fits'):
     cell = f'batch {ruler["evaluation"]["batch"]}: {ruler["ruler_total_bytes"] / 2**30:.1f} GiB'
-  elif ruler.get('fits'):
+  elif 'ruler_total_bytes' in ruler:   # the scoring step compiled; with the logits, too big
     cell = (f'does NOT fit: {ruler["ruler_total_bytes"] / 2**30:.1f} GiB at batch '
             f'{ruler["evaluation"]["batch"]}')
   else:
@@ -444,7 +468,9 @@ def write_lc_doc(train_rows, eval_rows, attempts, args):
          'the evaluation\'s shardings: parameters per config.mesh (full FSDP), the cache and the '
          'tokens replicated, as the evaluation makes them. Flags: '
          f'`--config.data.seq_len={EXTEND_SEQ} {" ".join(EXTEND_FLAGS + YARN_FLAGS)} '
-         '--config.long_context.lengths=L --config.long_context.batch_size=B`. The batch starts '
+         '--config.long_context.lengths=L --config.long_context.batch_size=B`; for the MoE also '
+         f'`{" ".join(EVAL_EXTRA["moe_15a2b"])}` (with megablox, the default on TPU, the '
+         'evaluation does not compile on a slice: see the notes below). The batch starts '
          f'at the evaluation\'s default 8 and halves ({", ".join(map(str, EVAL_BATCHES))}) until '
          'the step fits; then the next slice. "RULER generation": the RULER tasks generate, and '
          '`generate._prefill` keeps the float32 logits of every prompt chunk and concatenates '
