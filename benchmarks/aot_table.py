@@ -441,9 +441,11 @@ def write_lc_doc(train_rows, eval_rows, attempts, args):
     kept = old[old.index(LC_KEEP_MARKER):]
     kept = kept[:kept.index(LC_SEARCH_LOG)] if LC_SEARCH_LOG in kept else kept
   codes = sorted({args.cache[k].get('code', '?') for k in args.used})
+  trees = sorted({args.cache[k].get('code_tree', '?') for k in args.used})
   out = [LC_MARKER, '',
          '## Long context: the 32k continued training and the 64k / 128k evaluation', '',
-         f'Produced by `python -m benchmarks.aot_table --stage=long_context` (code: '
+         f'Produced by `python -m benchmarks.aot_table --stage=long_context` (code: the trees '
+         f'{", ".join(trees) or "-"} of gated_attention/ and configs/, at commits '
          f'{", ".join(codes) or "-"}; libtpu 0.0.42.1; raw reports: `benchmarks/aot_table.json`), '
          'one compile at a time on 2 shared CPU cores. The paper\'s recipe (PAPER.md, "Long '
          'context"; `configs/extend_context.py` makes it from a run): RoPE base raised to 1e6, '
