@@ -326,3 +326,36 @@ def test_long_context_step_compiles_for_a_topology_and_the_estimate_is_near():
   assert r['ruler_total_bytes'] == mem['total_bytes'] + r['ruler_prefill_logits_bytes']
   estimate = memory.long_context_report(cfg)['per_device']['scoring_total']['bytes']
   assert 0.6 < estimate / mem['total_bytes'] < 1.4, (estimate, mem)
+
+
+def test_aot_table_walks_like_fit_grad_accum_and_serves_only_this_codes_cache(tmp_path,
+                                                                              monkeypatch):
+  """benchmarks/aot_table.py's search: compile/fit.py's walk over grad_accum on each slice
+  (a fake compile: fits at 2 sequences a chip), results cached; an entry of other code is
+  compiled again, and with cache_only an entry it lacks ends the search ("not computed")."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  from benchmarks import aot_table  # pylint: disable=g-import-not-at-top
+  compiled = []
+
+  def fake_compile(variant, scale, topology, ga, extra, timeout, seq=4096, flags=None):
+    compiled.append((topology, ga))
+    micro = aot_table.BATCH // aot_table.chips(topology.split(':')[1]) // ga
+    return {'fits': micro <= 2, 'message': f'{micro} a chip'}
+  monkeypatch.setattr(aot_table, 'compile_one', fake_compile)
+  monkeypatch.setattr(aot_table, 'CACHE', str(tmp_path / 'cache.json'))
+  monkeypatch.setattr(aot_table, 'estimate_state_bytes', lambda scale, n: 0)
+  args = argparse.Namespace(extra=(), timeout=1, code_tree='tree-a', used=set())
+  cache = {'baseline|dense_1p7b_28l|v5p:2x2x1|128': {'fits': True, 'code_tree': 'tree-old'}}
+  r, attempts = aot_table.search('baseline', 'dense_1p7b_28l', ['2x2x1'], cache, args,
+                                 lambda _: None)
+  assert r['fits'] and [ga for _, ga in compiled] == [1, 2, 4, 8, 16, 32, 64, 128]
+  assert [a['fits'] for a in attempts] == [False] * 7 + [True]
+  assert cache['baseline|dense_1p7b_28l|v5p:2x2x1|128']['code_tree'] == 'tree-a'  # recompiled
+  compiled.clear()
+  aot_table.search('baseline', 'dense_1p7b_28l', ['2x2x1'], cache, args, lambda _: None)
+  assert not compiled                                   # all served from the cache now
+  args.cache_only = True
+  r, attempts = aot_table.search('g1_elementwise', 'dense_1p7b_28l', ['2x2x1', '2x2x2'], cache,
+                                 args, lambda _: None)
+  assert r is None and not compiled and attempts[-1]['error'] == aot_table.NOT_COMPUTED
+  assert len(attempts) == 1                             # not on to the next slice
