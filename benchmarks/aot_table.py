@@ -10,11 +10,24 @@ accumulation (1, 2, 4, ... until one sequence per chip per micro-batch) until th
 training step fits in HBM (`main.py --mode=compile`, gated_attention/compile/aot.py). Needs libtpu
 (pip install -r requirements-tpu.txt), no TPU.
 
+The long-context stage (--stage=long_context) writes its own section of docs/tpu_aot.md (from
+LC_MARKER to the end; the pre-training run keeps it, and it keeps the rest):
+  * the paper's 32k continued training (Sec. 4.4: RoPE base 1e6, sequence 32768, the same 1024
+    sequences a step): smallest slice and grad_accum, walked as above;
+  * --mode=long_context's evaluation at 64k and 128k with YaRN (factor 4 over the 32k training
+    length): `main.py --mode=compile --plan=long_context`, the scoring step through the KV cache
+    (gated_attention/compile/aot.py), at long_context.batch_size 8, 4, 2, 1 on each slice until
+    one fits.
+
+  python -m benchmarks.aot_table --stage=long_context --scales=dense_1p7b_28l --variants=baseline
+
 Compiles that do not fit fail fast (seconds: the TPU compiler checks HBM early); a compile that
 fits takes minutes on 2 CPU cores. Each compile runs in its own process (bounded by --timeout);
 results are cached in benchmarks/aot_table.json, so an interrupted run resumes. The cache is
-keyed by the code compiled (the git trees of gated_attention/ and configs/): entries of other
-code are dropped when the script starts.
+keyed by the code compiled (the git trees of gated_attention/ and configs/): an entry of other
+code is never served (it is compiled again and replaced) but stays in the file until then, so
+the tables of an earlier run keep their raw reports. The grad_accum walk is
+gated_attention/compile/fit.py's, the one `--fit_grad_accum` runs.
 """
 
 import argparse
@@ -34,6 +47,21 @@ BATCH, SEQ = 1024, 4096
 HBM_V5P = 95 * 2**30
 KEEP_MARKER = '<!-- Written by hand from here to the search log; benchmarks/aot_table.py keeps it. -->'
 SEARCH_LOG = '## Search log'
+LC_MARKER = ('<!-- benchmarks/aot_table.py --stage=long_context writes from here to the end; '
+             'the pre-training run keeps it. -->')
+LC_KEEP_MARKER = '<!-- Long-context notes, written by hand: kept by --stage=long_context. -->'
+# The paper's context extension (PAPER.md "Long context"; configs/extend_context.py): RoPE base
+# 1e6, continued training at 32k (the pre-training batch of 1024 sequences), YaRN beyond.
+EXTEND_SEQ = 32768
+EXTEND_FLAGS = ('--config.model.rope_base=1e6',)
+EVAL_LENGTHS = (65536, 131072)
+EVAL_BATCHES = (8, 4, 2, 1)            # long_context.batch_size (default 8), halved until it fits
+# The MoE's evaluation with the default grouped matmul (megablox on TPU) does not compile on a
+# slice: "Mosaic kernels cannot be automatically partitioned" (the evaluation's jit has no mesh
+# context, so nothing wraps the Pallas kernel in a shard_map). Its rows use ragged_dot.
+EVAL_EXTRA = {'moe_15a2b': ('--config.model.moe.grouped_matmul=ragged_dot',)}
+YARN_FLAGS = ('--config.model.rope_scaling.type=yarn', '--config.model.rope_scaling.factor=4',
+              f'--config.model.rope_scaling.original_max_len={EXTEND_SEQ}')
 
 
 def chips(shape: str) -> int:
@@ -47,20 +75,25 @@ def key(variant, scale, topology, ga, extra=()):
   return '|'.join([variant, scale, topology, str(ga), *extra])
 
 
-def compile_one(variant, scale, topology, ga, extra, timeout):
+def compile_one(variant, scale, topology, ga, extra, timeout, seq=SEQ, flags=None):
+  """One `main.py --mode=compile` in its own process: the train step at `seq` and grad_accum
+  `ga`, or with `flags` given, those flags instead of the batch flags (the long-context plan)."""
+  batch_flags = (f'--config.train.batch_size={BATCH}', f'--config.data.seq_len={seq}',
+                 f'--config.train.grad_accum={ga}')
   cmd = [sys.executable, os.path.join(ROOT, 'main.py'),
          f'--config={os.path.join(ROOT, "configs", variant + ".py")}:{scale}',
-         '--mode=compile', f'--topology={topology}',
-         f'--config.train.batch_size={BATCH}', f'--config.data.seq_len={SEQ}',
-         f'--config.train.grad_accum={ga}', *extra]
+         '--mode=compile', f'--topology={topology}', *(batch_flags if flags is None else flags),
+         *extra]
   t = time.time()
   try:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
   except subprocess.TimeoutExpired:
     return {'error': f'compile timed out after {timeout} s', 'wall_seconds': time.time() - t}
-  if p.returncode:
-    return {'error': (p.stderr or p.stdout).strip().splitlines()[-1][:500],
-            'wall_seconds': time.time() - t}
+  if p.returncode:   # the exception's line, not JAX's note on filtered frames after it
+    lines = [line for line in (p.stderr or p.stdout).strip().splitlines()
+             if line.strip() and not line.startswith('For simplicity, JAX has removed')
+             and set(line.strip()) != {'-'}]
+    return {'error': (lines or ['?'])[-1][:500], 'wall_seconds': round(time.time() - t, 1)}
   r = json.loads(p.stdout[p.stdout.index('{'):])
   r['wall_seconds'] = round(time.time() - t, 1)
   r['code'] = code_version()
@@ -97,38 +130,96 @@ def estimate_state_bytes(scale, n_chips):
   return model.param_report(model_cfg)['total'] * 16 / n_chips
 
 
-def search(variant, scale, slices, cache, args, log):
-  """(report, attempts): the first of `slices` (and smallest grad_accum on it) that fits."""
+NOT_COMPUTED = 'not computed (not asked for in this run, nor in the cache)'
+LC_SEARCH_LOG = '### Search log (long context)'
+
+
+def cached(cache, k, args, log, compile_fn):
+  """The cached report of key `k` if it was compiled from this code, else compiled now (and
+  saved at once, so an interrupted run resumes); with args.cache_only, not compiled: an error
+  NOT_COMPUTED, which ends the walk."""
+  if k not in cache or cache[k].get('code_tree') != args.code_tree:
+    if getattr(args, 'cache_only', False):
+      return {'fits': None, 'error': NOT_COMPUTED}
+    log(f'compiling {k} ...')
+    cache[k] = dict(compile_fn(), code_tree=args.code_tree)
+    with open(CACHE, 'w') as f:
+      json.dump(cache, f, indent=1)
+  r = cache[k]
+  args.used.add(k)
+  log(f'  {k}: ' + (r.get('message') or r.get('error', ''))[:200] +
+      f' [{r.get("wall_seconds")} s]')
+  return r
+
+
+def search(variant, scale, slices, cache, args, log, seq=SEQ, extra=None):
+  """(report, attempts): the first of `slices` (and smallest grad_accum on it, walked by
+  compile/fit.py as --fit_grad_accum does) that fits, at sequence length `seq`."""
+  from gated_attention.compile import fit  # pylint: disable=g-import-not-at-top
+  extra = args.extra if extra is None else extra
   attempts = []
   for shape in slices:
-    n = chips(shape)
+    n, topology = chips(shape), f'v5p:{shape}'
     if BATCH % n:
       continue
     if estimate_state_bytes(scale, n) > HBM_V5P:
-      attempts.append({'topology': f'v5p:{shape}', 'skipped': 'parameters + AdamW state alone '
+      attempts.append({'topology': topology, 'skipped': 'parameters + AdamW state alone '
                        'exceed HBM'})
       continue
-    ga = 1
-    while BATCH // n // ga >= 1:
-      k = key(variant, scale, f'v5p:{shape}', ga, args.extra)
-      if k not in cache:
-        log(f'compiling {k} ...')
-        cache[k] = dict(compile_one(variant, scale, f'v5p:{shape}', ga, args.extra,
-                                    args.timeout), code_tree=args.code_tree)
-        with open(CACHE, 'w') as f:
-          json.dump(cache, f, indent=1)
-      r = cache[k]
-      attempts.append(dict(topology=f'v5p:{shape}', grad_accum=ga, fits=r.get('fits'),
+
+    def attempt(ga, topology=topology):
+      k = key(variant, scale, topology, ga, extra if seq == SEQ else (f'seq={seq}', *extra))
+      r = cached(cache, k, args, log, lambda: compile_one(
+          variant, scale, topology, ga, extra, args.timeout, seq=seq))
+      attempts.append(dict(topology=topology, grad_accum=ga, fits=r.get('fits'),
                            error=r.get('error'), wall_seconds=r.get('wall_seconds'),
                            compile_seconds=r.get('compile_seconds')))
-      log(f'  {k}: ' + (r.get('message') or r.get('error', ''))[:200] +
-          f' [{r.get("wall_seconds")} s]')
-      if r.get('fits'):
-        return r, attempts
-      if 'error' in r and 'timed out' in r['error']:
-        break  # a bigger grad_accum would be slower still; try the next slice
-      ga *= 2
+      return r
+    # Stops at the first that fits, or at an error (a timed-out compile: a bigger grad_accum
+    # would be slower still): then the next slice.
+    found, _ = fit.walk(fit.candidates(BATCH, n, 1), attempt, BATCH / n, log=lambda _: None)
+    if found is not None or attempts[-1].get('error') == NOT_COMPUTED:
+      return found and found.result, attempts
   return None, attempts
+
+
+def search_eval(variant, scale, length, slices, cache, args, log):
+  """(report, RULER's report, attempts): --mode=long_context's scoring step at `length` with
+  YaRN: the first of `slices`, and on it the largest of EVAL_BATCHES, whose compiled step fits;
+  then, on that slice, the largest batch at which RULER's generation fits too (its prefill
+  logits added), or the report at batch 1 if none."""
+  from gated_attention.compile import fit  # pylint: disable=g-import-not-at-top
+  attempts = []
+  for shape in slices:
+    topology = f'v5p:{shape}'
+
+    def attempt(batch, topology=topology):
+      flags = ('--plan=long_context', f'--config.data.seq_len={EXTEND_SEQ}',
+               f'--config.long_context.lengths={length}',
+               f'--config.long_context.batch_size={batch}', *EXTEND_FLAGS, *YARN_FLAGS,
+               *EVAL_EXTRA.get(scale, ()))
+      k = key(variant, scale, topology, f'eval{length}x{batch}',
+              (*EVAL_EXTRA.get(scale, ()), *args.extra))
+      r = cached(cache, k, args, log, lambda: compile_one(
+          variant, scale, topology, None, args.extra, args.timeout, flags=flags))
+      attempts.append(dict(topology=topology, grad_accum=f'eval batch {batch}',
+                           fits=r.get('fits'), error=r.get('error'),
+                           wall_seconds=r.get('wall_seconds'),
+                           compile_seconds=r.get('compile_seconds')))
+      return r
+    found, _ = fit.walk(list(EVAL_BATCHES), attempt, 1, log=lambda _: None)
+    if found is None and attempts[-1].get('error'):   # not computed, or no memory verdict:
+      return None, None, attempts                      # a bigger slice would not change it
+    if found is not None:
+      def ruler_attempt(batch, attempt=attempt):
+        r = attempt(batch)    # the same compile: RULER adds its prefill logits to its memory
+        return dict(r, fits=r.get('ruler_fits') if r.get('fits') else r.get('fits'))
+      ruler, tried = fit.walk([b for b in EVAL_BATCHES if b <= found.grad_accum], ruler_attempt,
+                              1, log=lambda _: None)
+      if ruler is None and tried[-1].result.get('error') != NOT_COMPUTED:
+        ruler = tried[-1]     # none fits: the smallest batch's total
+      return found.result, ruler and ruler.result, attempts
+  return None, None, attempts
 
 
 def fmt_row(variant, scale, r, last):
@@ -184,6 +275,19 @@ that compiles but exceeds HBM is flagged too, with the program's largest arrays.
         --config.train.grad_accum=16
     python main.py --config=configs/baseline.py:dense_1p7b_28l --mode=compile --topology=v5p:2x2x2 \\
         --config.mesh.fsdp=4 --config.mesh.data=2    # any mesh; one axis may be -1
+    python main.py --config=configs/baseline.py:dense_1p7b_28l --mode=compile --topology=v5p:2x2x1 \\
+        --config.data.seq_len=32768 --fit_grad_accum  # the smallest grad_accum that fits, walked up
+    python main.py --config=configs/baseline.py:dense_1p7b_28l --mode=compile --topology=v5p:2x2x1 \\
+        --plan=long_context --config.long_context.lengths=131072 --config.long_context.batch_size=2
+
+`--fit_grad_accum` compiles the step at the config's grad_accum x 1, 2, 4, ... (while every chip
+keeps at least one sequence per micro-batch; most steps that do not fit are refused in seconds) and
+prints one line per attempt, then the report of the first that fits; if none does, one paragraph
+names the largest tried and what else to change (a bigger slice, `remat=full`). `--mode=memory
+--fit_grad_accum` walks the same grad_accums against its estimate and
+`config.memory.device_memory_gib`. `--plan=long_context` compiles `--mode=long_context`'s scoring
+step (config.long_context: the largest length, batch_size, chunk) instead of the train step;
+`--mode=memory --plan=long_context` estimates it.
 
 Topology names are libtpu's: `v5p:2x2x1` (4 chips) ... `v5p:8x8x8`, `v5e:4x4` (`v5litepod:` is
 accepted), `v6e:2x2`, `v4:2x2x2`. Chip figures (`gated_attention/chips.py`, sources in the comments):
@@ -242,7 +346,7 @@ def write_doc(tables, attempts_by_row, cache, args):
                         f'{v["hbm_bytes"] / 2**30:.0f} GiB | {v["hbm_bandwidth"] / 1e9:.0f} GB/s |'
                         for k, v in chip_table.CHIPS.items() if k in chip_table.TPU_CHIPS)
   out = [DOC_HEAD.replace('{chips}', chips_tbl)]
-  codes = sorted({cache[k].get('code', '?') for k in cache})
+  codes = sorted({cache[k].get('code', '?') for k in args.used})
   for i, (title, rows, time_rows) in enumerate(tables):
     out.append(f'## {title} (sequence {SEQ}, global batch {BATCH})\n')
     if i == 0:
@@ -268,10 +372,12 @@ def write_doc(tables, attempts_by_row, cache, args):
     out.append('|---' * (len(TIME_COLUMNS) + 7) + '|')
     out += time_rows
     out.append('')
-  kept = ''
+  kept, long_context = '', ''
   if os.path.exists(DOC):  # the hand-written findings (marker .. search log) survive a rerun
     with open(DOC) as f:
       old = f.read()
+    if LC_MARKER in old:     # and the long-context stage's section
+      old, long_context = old[:old.index(LC_MARKER)], old[old.index(LC_MARKER):]
     if KEEP_MARKER in old:
       kept = old[old.index(KEEP_MARKER):]
       kept = kept[:kept.index(SEARCH_LOG)] if SEARCH_LOG in kept else kept
@@ -290,8 +396,145 @@ def write_doc(tables, attempts_by_row, cache, args):
       cs = (a.get('compile_seconds') or {}).get('compile', '')
       out.append(f'| {scale} | {variant} | {a["topology"]} | {a["grad_accum"]} | {fits} | '
                  f'{cs} | {a["wall_seconds"]} |')
+  if long_context:
+    out.append('\n' + long_context.rstrip())
   with open(DOC, 'w') as f:
     f.write('\n'.join(out).rstrip() + '\n')
+
+
+def fmt_eval_row(variant, scale, length, r, ruler, attempts, last):
+  """A row of the long-context evaluation table."""
+  if r is None:
+    if attempts and attempts[-1].get('error') == NOT_COMPUTED:
+      return f'| {scale} | {variant} | {length} | not computed | | | | | | |'
+    if attempts and attempts[-1].get('error'):
+      return (f'| {scale} | {variant} | {length} | error on {attempts[-1]["topology"]}: '
+              f'{attempts[-1]["error"][:120]} | | | | | |')
+    return (f'| {scale} | {variant} | {length} | does not fit at batch 1 up to v5p:{last} | '
+            '| | | | | |')
+  m, e = r['memory'], r['evaluation']
+  if ruler is None:
+    cell = 'not computed'
+  elif ruler.get('ruler_fits'):
+    cell = f'batch {ruler["evaluation"]["batch"]}: {ruler["ruler_total_bytes"] / 2**30:.1f} GiB'
+  elif 'ruler_total_bytes' in ruler:   # the scoring step compiled; with the logits, too big
+    cell = (f'does NOT fit: {ruler["ruler_total_bytes"] / 2**30:.1f} GiB at batch '
+            f'{ruler["evaluation"]["batch"]}')
+  else:
+    cell = f'does NOT fit ({ruler.get("message", ruler.get("error", ""))[:60]})'
+  return (f'| {scale} | {variant} | {length} | {r["topology"]} ({r["devices"]} chips) | '
+          f'{e["batch"]} | {m["total_bytes"] / 2**30:.1f} GiB ({m["hbm_fraction"]:.0%}) | '
+          f'{r["kv_cache_bytes_per_device"] / 2**30:.1f} GiB | '
+          f'{r["params_bytes_per_device"] / 2**30:.1f} GiB | {cell} | '
+          f'{r["compile_seconds"]["compile"]:.0f} s |')
+
+
+def write_lc_doc(train_rows, eval_rows, attempts, args):
+  """The long-context section of docs/tpu_aot.md: from LC_MARKER to the end (the hand-written
+  notes after LC_KEEP_MARKER kept), the rest of the doc untouched."""
+  with open(DOC) as f:
+    doc = f.read()
+  head, old = (doc[:doc.index(LC_MARKER)], doc[doc.index(LC_MARKER):]) if LC_MARKER in doc else (
+      doc, '')
+  kept = LC_KEEP_MARKER + '\n'
+  if LC_KEEP_MARKER in old:
+    kept = old[old.index(LC_KEEP_MARKER):]
+    kept = kept[:kept.index(LC_SEARCH_LOG)] if LC_SEARCH_LOG in kept else kept
+  codes = sorted({args.cache[k].get('code', '?') for k in args.used})
+  trees = sorted({args.cache[k].get('code_tree', '?') for k in args.used})
+  out = [LC_MARKER, '',
+         '## Long context: the 32k continued training and the 64k / 128k evaluation', '',
+         f'Produced by `python -m benchmarks.aot_table --stage=long_context` (code: the trees '
+         f'{", ".join(trees) or "-"} of gated_attention/ and configs/, at commits '
+         f'{", ".join(codes) or "-"}; libtpu 0.0.42.1; raw reports: `benchmarks/aot_table.json`), '
+         'one compile at a time on 2 shared CPU cores. The paper\'s recipe (PAPER.md, "Long '
+         'context"; `configs/extend_context.py` makes it from a run): RoPE base raised to 1e6, '
+         f'continued training at {EXTEND_SEQ} tokens (the pre-training batch of {BATCH} '
+         'sequences a step), then evaluation beyond 32k with YaRN. A compile needs no run '
+         'directory, so the rows compile `configs/<variant>.py:<scale>` with '
+         f'`--config.data.seq_len={EXTEND_SEQ} {" ".join(EXTEND_FLAGS)}` (the same step '
+         'extend_context.py gives: the RoPE base changes no shape).', '',
+         f'### 32k continued training (sequence {EXTEND_SEQ}, global batch {BATCH}, RoPE base '
+         '1e6)', '',
+         'Smallest v5p slice, then smallest grad accumulation, whose compiled step fits '
+         '(`--mode=compile --fit_grad_accum` walks the same grad_accums on one slice). Full FSDP '
+         'over all chips as above.', '',
+         '| model | variant | slice | mesh | grad_accum (micro-batch) | memory / chip | roofline '
+         'MFU | roofline step | XLA / analytic FLOPs | compile |',
+         '|---|---|---|---|---|---|---|---|---|---|', *train_rows, '',
+         f'### --mode=long_context at {" and ".join(str(n) for n in EVAL_LENGTHS)} tokens with '
+         'YaRN', '',
+         '`--mode=compile --plan=long_context` compiles the evaluation\'s scoring step (loss by '
+         'position and retrieval: one chunk of 256 tokens of every sequence of the batch through '
+         'the KV cache of the largest length + 64, `Generator.token_nll` / `token_scores`) with '
+         'the evaluation\'s shardings: parameters per config.mesh (full FSDP), the cache and the '
+         'tokens replicated, as the evaluation makes them. Flags: '
+         f'`--config.data.seq_len={EXTEND_SEQ} {" ".join(EXTEND_FLAGS + YARN_FLAGS)} '
+         '--config.long_context.lengths=L --config.long_context.batch_size=B`; for the MoE also '
+         f'`{" ".join(EVAL_EXTRA["moe_15a2b"])}` (with megablox, the default on TPU, the '
+         'evaluation does not compile on a slice: see the notes below). The batch starts '
+         f'at the evaluation\'s default 8 and halves ({", ".join(map(str, EVAL_BATCHES))}) until '
+         'the step fits; then the next slice. "RULER generation": the RULER tasks generate, and '
+         '`generate._prefill` keeps the float32 logits of every prompt chunk and concatenates '
+         'them ([batch, length, vocab], twice while concatenating); the column gives the largest '
+         'batch on that slice whose compiled step plus those logits (analytic; not compiled) '
+         'fits, or the total at batch 1 when none does.', '',
+         '| model | variant | length | slice | batch | memory / chip (scoring step) | KV cache '
+         '(per chip, held twice) | parameters / chip | RULER generation | compile |',
+         '|---|---|---|---|---|---|---|---|---|---|', *eval_rows, '',
+         kept.rstrip(), '', LC_SEARCH_LOG, '',
+         'Every compile tried for this section ("no" fails in seconds; "yes" is a full compile).',
+         '', '| model | variant | stage | topology | grad_accum / eval batch | fits | compile (s) '
+         '| wall (s) |', '|---|---|---|---|---|---|---|---|']
+  for (variant, scale, stage), tried in attempts.items():
+    for a in tried:
+      if a.get('error') == NOT_COMPUTED:
+        continue
+      if 'skipped' in a:
+        out.append(f'| {scale} | {variant} | {stage} | {a["topology"]} | - | no: '
+                   f'{a["skipped"]} | | |')
+        continue
+      fits = 'yes' if a['fits'] else ('no' if a['fits'] is False else f'error: {a["error"]}')
+      cs = (a.get('compile_seconds') or {}).get('compile', '')
+      out.append(f'| {scale} | {variant} | {stage} | {a["topology"]} | {a["grad_accum"]} | '
+                 f'{fits} | {cs} | {a["wall_seconds"]} |')
+  with open(DOC, 'w') as f:
+    f.write(head.rstrip() + '\n\n' + '\n'.join(out).rstrip() + '\n')
+
+
+def long_context_stage(args, cache, log):
+  """The 32k continued-training table and the 64k / 128k evaluation table; the scales and
+  variants not asked for are filled from the cache where it has them ("not computed" else)."""
+  train_rows, eval_rows, attempts = [], [], {}
+  extra = (*EXTEND_FLAGS, *args.extra)
+  for scale in SCALES:
+    for variant in VARIANTS:
+      args.cache_only = not (scale in args.scales.split(',') and
+                             variant in args.variants.split(','))
+      slices = args.train_slices.get(scale, args.slices)
+      r, tried = search(variant, scale, slices, cache, args, log, seq=EXTEND_SEQ, extra=extra)
+      attempts[(variant, scale, f'train {EXTEND_SEQ}')] = tried
+      row = fmt_row(variant, scale, r, slices[-1])
+      if r is None and tried and tried[-1].get('error') == NOT_COMPUTED:
+        row = f'| {scale} | {variant} | not computed | | | | | | | |'
+      train_rows.append(row)
+      log(row)
+  for scale in SCALES:
+    for variant in VARIANTS:
+      for length in EVAL_LENGTHS:
+        args.cache_only = not (scale in args.scales.split(',') and
+                               variant in args.variants.split(',') and
+                               str(length) in args.lengths.split(','))
+        r, ruler, tried = search_eval(variant, scale, length, args.slices, cache, args, log)
+        attempts.setdefault((variant, scale, f'eval {length}'), []).extend(
+            a for a in tried if a not in attempts.get((variant, scale, f'eval {length}'), []))
+        eval_rows.append(fmt_eval_row(variant, scale, length, r, ruler, tried,
+                                      args.slices[-1]))
+        log(eval_rows[-1])
+  args.cache_only = False
+  if not args.no_doc:
+    write_lc_doc(train_rows, eval_rows, attempts, args)
+    log(f'wrote {DOC}')
 
 
 def main():
@@ -304,22 +547,39 @@ def main():
   p.add_argument('--also', default='',
                  help='v5p chip grids for extra tables (smallest grad_accum that fits there)')
   p.add_argument('--no-doc', action='store_true')
+  p.add_argument('--stage', choices=('pretrain', 'long_context'), default='pretrain',
+                 help='pretrain: the 4k tables; long_context: the 32k continued training and '
+                 'the 64k / 128k evaluation (its own section of the doc)')
+  p.add_argument('--lengths', default=','.join(map(str, EVAL_LENGTHS)),
+                 help='--stage=long_context: the evaluation lengths to compile')
+  p.add_argument('--train-slices', default='',
+                 help='--stage=long_context: SCALE=GRID:GRID...,... the 32k training\'s slices '
+                 'for a scale (default --slices), e.g. moe_15a2b=2x2x2:2x2x4 to skip a slice the '
+                 '4k table already shows too small')
   args = p.parse_args()
+  args.train_slices = {k: v.split(':') for k, v in (
+      item.split('=') for item in args.train_slices.split(',') if item)}
   args.slices = args.slices.split(',')
   args.extra = tuple(args.extra.split())
   args.also = [a for a in args.also.split(',') if a]
   cache = {}
   args.code_tree = code_tree()
+  args.used = set()
   if os.path.exists(CACHE):
     with open(CACHE) as f:
       cache = json.load(f)
+  args.cache = cache
   stale = [k for k, r in cache.items() if r.get('code_tree') != args.code_tree]
   if stale:
-    print(f'dropping {len(stale)} cached compiles of other code (now {args.code_tree})')
-    cache = {k: r for k, r in cache.items() if k not in stale}
+    print(f'{len(stale)} cached compiles are of other code (now {args.code_tree}): not served, '
+          'compiled again where asked for')
 
   def log(msg):
     print(time.strftime('%H:%M:%S'), msg, flush=True)
+
+  if args.stage == 'long_context':
+    long_context_stage(args, cache, log)
+    return
 
   tables, attempts_by_row = [], {}
   for title, slices in [('Smallest v5p slice per model', args.slices)] + [

@@ -24,7 +24,7 @@ ALLOWED = {
     'inference': {'core', 'model', 'analysis', 'input_pipeline'},
     'runs': {'core', 'model', 'config', 'input_pipeline'},
     'training': {'core', 'model', 'analysis', 'runs', 'config', 'input_pipeline'},
-    'compile': {'core', 'model', 'runs', 'training', 'config', 'input_pipeline'},
+    'compile': {'core', 'model', 'runs', 'training', 'inference', 'config', 'input_pipeline'},
     'modes': {'core', 'model', 'analysis', 'inference', 'runs', 'training', 'compile', 'config',
               'input_pipeline'},
     'main': {'core', 'model', 'analysis', 'inference', 'runs', 'training', 'compile', 'modes',

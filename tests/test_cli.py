@@ -4,6 +4,7 @@ file's misspelt field is refused at the start, and `--step` names the checkpoint
 that opens one."""
 
 import os
+import re
 
 import ml_collections
 import pytest
@@ -51,6 +52,11 @@ def test_args_hold_only_the_modes_own_flags():
      '--mode=params does not take it'),
     (['--mode=train', '--seeds=0,1', '--analyze'],
      '--analyze analyses a run after --mode=train of one seed'),
+    (['--mode=train', '--fit_grad_accum'],
+     '--fit_grad_accum belongs to --mode=memory / --mode=compile; --mode=train does not take it'),
+    (['--mode=memory', '--plan=long_context', '--fit_grad_accum'],
+     "--fit_grad_accum walks the train step's grad_accum; --plan=long_context plans the "
+     'evaluation'),
 ])
 def test_a_flag_the_mode_does_not_take_is_one_paragraph(tmp_path, argv, match):
   work = tmp_path / 'run'
@@ -79,3 +85,18 @@ def test_step_opens_that_checkpoint_or_names_those_there_are(tmp_path):
   rc, text = main_py(tmp_path, '--mode=analyze', f'--workdir={run}', '--step=7')
   assert rc == 1 and 'has no checkpoint at step 7; it has [0]' in ' '.join(text.split()), text
   assert not os.path.exists(os.path.join(run, 'analysis'))
+
+
+def test_fit_grad_accum_prints_each_attempt_then_the_smallest_that_fits(tmp_path):
+  """--mode=memory --fit_grad_accum on a tiny config: one line per grad_accum tried, doubling
+  from the config's, the last the first that fits; then its report."""
+  rc, text = main_py(tmp_path, '--config=configs/g1_elementwise.py:tiny', '--mode=memory',
+                     '--fit_grad_accum', '--config.train.batch_size=64',
+                     '--config.memory.device_memory_gib=0.05')
+  assert rc == 0, text
+  tried = [line for line in text.splitlines() if line.startswith('grad_accum=')]
+  found = int(re.search(r'^Smallest grad_accum that fits .*: (\d+)\.$', text, re.M).group(1))
+  assert [int(t.split()[0].split('=')[1]) for t in tried] == [2 ** i for i in range(len(tried))]
+  assert tried[-1].startswith(f'grad_accum={found} (') and ': fits: ' in tried[-1]
+  assert found > 1 and all(': does NOT fit: ' in t for t in tried[:-1])
+  assert f'"grad_accum": {found},' in text and '"fit_grad_accum"' in text

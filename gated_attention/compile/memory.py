@@ -36,6 +36,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from gated_attention import sharding
+from gated_attention.compile import fit
+from gated_attention.errors import UserError
 
 GIB = 2 ** 30
 
@@ -183,6 +185,13 @@ def _fsdp_transient(setup, mesh_shape) -> int:
   """One layer's weights made whole along their 'embed' (FSDP) dimension, in the compute dtype
   for the forward and backward, plus that layer's float32 gradient before it is
   reduce-scattered; 0 when nothing is FSDP-sharded."""
+  layer_whole, gathered = _layer_gathered(setup, mesh_shape)
+  return layer_whole * (2 * setup.model_cfg.compute_dtype.itemsize + 4) if gathered else 0
+
+
+def _layer_gathered(setup, mesh_shape) -> tuple[int, bool]:
+  """(elements of one layer's weights made whole along 'embed' on a device, whether any
+  weight is FSDP-sharded)."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   _, state = nnx.split(model_lib.abstract_model(setup.model_cfg))
@@ -198,7 +207,7 @@ def _fsdp_transient(setup, mesh_shape) -> int:
     gathered |= any(sharding.spec_size(P(e), mesh_shape) > 1
                     for name, e in zip(axes, spec) if name == 'embed')
     layer_whole += math.prod(sharding.value_shape(v)[1:]) // kept   # one layer of the stack
-  return layer_whole * (2 * setup.model_cfg.compute_dtype.itemsize + 4) if gathered else 0
+  return layer_whole, gathered
 
 
 def _fit(out, config, setup, device_bytes, state_total, configured, micro_batch):
@@ -235,31 +244,56 @@ def _attention_note(config, model_cfg) -> str:
           'flash attention keep O(T) per head.')
 
 
-def report(config) -> dict:
+class _Plan:
+  """What the estimate needs, built once for a config: the abstract mesh and setup, the sharded
+  state and the activations' bilinear model; `total(grad_accum)` is cheap, so --fit_grad_accum
+  tries many grad_accums on one plan."""
+
+  def __init__(self, config):
+    from gated_attention.training import train  # pylint: disable=g-import-not-at-top
+    self.config = config
+    self.num_devices = int(config.memory.get('num_devices', 0) or 0) or jax.device_count()
+    mesh = sharding.abstract_mesh(config.mesh, self.num_devices)
+    self.mesh_shape = dict(mesh.shape)
+    self.setup = train.Setup(config, mesh)
+    self.params = _sharded_bytes(self.setup.abstract_params)
+    self.opt = _sharded_bytes(self.setup.abstract_opt)
+    self.fsdp_transient = _fsdp_transient(self.setup, self.mesh_shape)
+    self.credit = _credit_fn(config, self.mesh_shape, self.setup.rules)
+    self.configured = _Activations(config, self.setup.model_cfg, config.model.remat, self.credit)
+    self.device_bytes, self.device_source = _device_memory_bytes(config)
+
+  def micro_batch(self, grad_accum: int) -> int:
+    return self.config.train.batch_size // grad_accum // self.setup.batch_shards
+
+  def grads(self, grad_accum: int) -> int:
+    return self.params * (2 if grad_accum > 1 else 1)
+
+  def state_total(self, grad_accum: int) -> float:
+    return self.params + self.opt + self.grads(grad_accum) + self.fsdp_transient
+
+  def total(self, grad_accum: int) -> float:
+    return self.state_total(grad_accum) + self.configured.peak(self.micro_batch(grad_accum))
+
+
+def report(config, plan: _Plan | None = None) -> dict:
   """Per-device bytes (and GiB) of parameters, optimizer state, gradients and activations."""
-  from gated_attention.training import train  # pylint: disable=g-import-not-at-top
-  num_devices = int(config.memory.get('num_devices', 0) or 0) or jax.device_count()
-  mesh = sharding.abstract_mesh(config.mesh, num_devices)
-  mesh_shape = dict(mesh.shape)
-  setup = train.Setup(config, mesh)
+  plan = plan or _Plan(config)
+  setup, mesh_shape, configured = plan.setup, plan.mesh_shape, plan.configured
   tc = config.train
-  micro_batch = tc.batch_size // tc.grad_accum // setup.batch_shards
-  params = _sharded_bytes(setup.abstract_params)
-  opt = _sharded_bytes(setup.abstract_opt)
-  grads = params * (2 if tc.grad_accum > 1 else 1)
-  fsdp_transient = _fsdp_transient(setup, mesh_shape)
-  credit = _credit_fn(config, mesh_shape, setup.rules)
+  micro_batch = plan.micro_batch(tc.grad_accum)
+  params, opt, grads = plan.params, plan.opt, plan.grads(tc.grad_accum)
+  fsdp_transient = plan.fsdp_transient
   remat = config.model.remat
-  configured = _Activations(config, setup.model_cfg, remat, credit)
   acts = {'configured': configured.summary(micro_batch)}
   for other in ('none', 'full'):
     if other != remat:
-      acts[other] = _Activations(config, setup.model_cfg, other, credit).summary(micro_batch)
-  state_total = params + opt + grads + fsdp_transient
-  device_bytes, source = _device_memory_bytes(config)
+      acts[other] = _Activations(config, setup.model_cfg, other, plan.credit).summary(micro_batch)
+  state_total = plan.state_total(tc.grad_accum)
+  device_bytes, source = plan.device_bytes, plan.device_source
   out = {
       'config': f'{config.variant}:{config.scale}',
-      'devices': num_devices,
+      'devices': plan.num_devices,
       'mesh': mesh_shape,
       'dcn_data': int(config.mesh.get('dcn_data', 1) or 1),
       'rules': config.mesh.rules,
@@ -284,4 +318,105 @@ def report(config) -> dict:
   }
   if device_bytes is not None:
     _fit(out, config, setup, device_bytes, state_total, configured, micro_batch)
+  return out
+
+
+def fit_grad_accum(config, log=print) -> dict:
+  """The estimate at config.train.grad_accum x 1, 2, 4, ... (compile/fit.py: while every device
+  keeps at least one sequence per micro-batch) against the device memory
+  (config.memory.device_memory_gib, or the device's own), one line per attempt; returns the
+  report of the first that fits, with `fit_grad_accum` listing the attempts. Raises UserError
+  (one paragraph) when the device memory is unknown or none fits."""
+  plan = _Plan(config)
+  if plan.device_bytes is None:
+    raise UserError('--fit_grad_accum needs the memory of a device to fit: set '
+                    '--config.memory.device_memory_gib (e.g. 95 for a TPU v5p chip, 16 for v5e, '
+                    '32 for v6e; gated_attention/chips.py), or run where the device reports it.')
+  tc, cap = config.train, plan.device_bytes
+
+  def attempt(ga):
+    total = plan.total(ga)
+    return {'fits': bool(total <= cap),
+            'message': f'{total / GIB:.2f} GiB of {cap / GIB:.2f} GiB per device (estimate)'}
+
+  shards = plan.setup.batch_shards
+  found, tried = fit.walk(fit.candidates(tc.batch_size, shards, tc.grad_accum), attempt,
+                          tc.batch_size / shards, log)
+  where = (f'for {config.variant}:{config.scale} on {plan.num_devices} devices of '
+           f'{cap / GIB:.2f} GiB (global batch {tc.batch_size}, sequence {config.data.seq_len}, '
+           f'{shards} data-parallel shards; the estimate, no compiler)')
+  if found is None:
+    raise UserError(fit.none_fits(tried, where))
+  log(f'Smallest grad_accum that fits {where}: {found.grad_accum}.')
+  out = report(fit.with_grad_accum(config, found.grad_accum), plan)
+  out['fit_grad_accum'] = {'grad_accum': found.grad_accum,
+                           'attempts': [{'grad_accum': a.grad_accum, 'fits': a.fits,
+                                         'message': a.message} for a in tried]}
+  return out
+
+
+def long_context_report(config) -> dict:
+  """Per-device bytes of --mode=long_context's evaluation (inference/long_context.py) at the
+  largest of long_context.lengths, long_context.batch_size sequences and chunks of
+  long_context.chunk tokens, on config.memory.num_devices devices (an estimate; --mode=compile
+  --plan=long_context compiles the step for a TPU topology):
+
+    params          the run's float32 parameters, sharded by config.mesh as the evaluation loads
+                    them (runs/factory.py)
+    kv_cache        [layers, batch, cache length, kv heads, head_dim] x 2 (keys, values) in the
+                    compute dtype, on EVERY device (the evaluation's jit replicates it), and twice:
+                    the scoring step takes the cache and returns a new one (not donated)
+    chunk           one layer's attention of a chunk against the whole cache: float32 scores and
+                    probabilities and the probabilities in the compute dtype [batch, heads, chunk,
+                    cache length]; the chunk's float32 logits and log-probabilities [batch,
+                    chunk, vocab]; one layer's weights made whole (FSDP)
+    ruler_prefill   RULER's generation (generate._prefill) keeps every chunk's float32 logits
+                    and concatenates them: 2 x [batch, prompt, vocab], on top of the above
+  """
+  # pylint: disable=g-import-not-at-top
+  from gated_attention.inference import long_context
+  from gated_attention.runs import factory as factory_lib, rundir
+  # pylint: enable=g-import-not-at-top
+  config = rundir.for_generation(config.copy_and_resolve_references())
+  opts = config.long_context
+  lengths = long_context.evaluated_lengths(opts, config.data.seq_len)
+  S, B, L = long_context.cache_length(lengths), int(opts.batch_size), max(lengths)
+  C = min(int(opts.chunk), S)
+  num_devices = int(config.memory.get('num_devices', 0) or 0) or jax.device_count()
+  mesh = sharding.abstract_mesh(config.mesh, num_devices)
+  factory = factory_lib.ModelFactory(config, mesh)
+  m = factory.model_cfg
+  item = jnp.dtype(m.compute_dtype).itemsize
+  params = _sharded_bytes(factory.abstract_params)
+  cache = 2 * m.num_layers * B * S * m.num_kv_heads * m.head_dim * item
+  scores = B * m.num_heads * C * S * (4 + 4 + item)
+  logits = 2 * B * C * m.vocab_size * 4
+  layer_whole, gathered = _layer_gathered(factory, dict(mesh.shape))
+  weights = layer_whole * item if gathered else 0
+  scoring = params + 2 * cache + scores + logits + weights
+  prefill = 2 * B * L * m.vocab_size * 4
+  device_bytes, source = _device_memory_bytes(config)
+  out = {
+      'config': f'{config.variant}:{config.scale}', 'plan': 'long_context',
+      'devices': num_devices, 'mesh': dict(mesh.shape), 'rules': config.mesh.rules,
+      'evaluation': {'lengths': lengths, 'cache_length': S, 'batch': B, 'chunk': C},
+      'per_device': {
+          'params': _entry(params), 'kv_cache': _entry(cache),
+          'kv_cache_in_and_out': _entry(2 * cache), 'attention_scores_one_layer': _entry(scores),
+          'chunk_logits': _entry(logits), 'layer_weights_gathered': _entry(weights),
+          'scoring_total': _entry(scoring),
+          'ruler_prefill_logits': _entry(prefill),
+          'ruler_total': _entry(scoring + prefill),
+      },
+      'device_memory': None if device_bytes is None else _entry(device_bytes),
+      'device_memory_source': source,
+      'notes': [
+          'An estimate: XLA\'s other temporaries and fusion are not modelled; --mode=compile '
+          '--plan=long_context --topology=... gives the TPU compiler\'s figure.',
+          'The cache is replicated: more devices shrink only the parameters; a smaller '
+          'long_context.batch_size (or chunk) is what shrinks the rest.'],
+  }
+  if device_bytes is not None:
+    out['fits'] = bool(scoring <= device_bytes)
+    out['ruler_fits'] = bool(scoring + prefill <= device_bytes)
   return out

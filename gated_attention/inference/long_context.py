@@ -56,6 +56,14 @@ def evaluated_lengths(opts, seq_len: int) -> list[int]:
   return sorted(set(lengths))
 
 
+CACHE_MARGIN = 64  # cache slots beyond the largest length (RULER's answers are generated there)
+
+
+def cache_length(lengths: list[int]) -> int:
+  """The KV cache's length for an evaluation of `lengths`: the largest + CACHE_MARGIN."""
+  return max(lengths) + CACHE_MARGIN
+
+
 def rope_tag(model_cfg) -> str:
   """The evaluated position encoding, as a directory name: rope1e+06, rope1e+06_yarn4x1024."""
   tag = f'rope{model_cfg.rope_base:.0e}'

@@ -41,6 +41,15 @@ FLAGS = {f.name: f for f in (
          'analyze\'s report for a run that is read-only (default RUN/analysis).'),
     Flag('step', 'integer', None, 'which checkpoint of the run to open (default: the latest).'),
     Flag('topology', 'string', None, 'a TPU topology name, e.g. v5p:4x4x4.'),
+    Flag('fit_grad_accum', 'bool', False, 'find the smallest config.train.grad_accum whose step '
+         'fits: the configured one x 1, 2, 4, ... while every device keeps at least one sequence '
+         'per micro-batch; one line per attempt, then the report of the first that fits (compile: '
+         'each compiled for --topology; memory: the estimate against '
+         'config.memory.device_memory_gib or the device\'s own memory).'),
+    Flag('plan', 'enum', 'train', 'what to plan: the training step (train) or '
+         '--mode=long_context\'s evaluation (long_context: the largest of '
+         'config.long_context.lengths, its batch_size and chunk; the KV cache is on every '
+         'device).', enum_values=('train', 'long_context')),
     Flag('hf', 'string', None, 'a Hugging Face model directory (local or gs://).'),
     Flag('export_dtype', 'enum', 'float32', 'the dtype of the written weights.',
          enum_values=('float32', 'bfloat16')),
@@ -115,9 +124,11 @@ MODES = {m.name: m for m in (
     Mode('compare', 'main.py --mode=compare RUN1 RUN2 ...: the paper\'s table and figures for '
          'several runs', flags=('out',), takes_runs=True),
     Mode('memory', 'per-device bytes of parameters, optimizer state and activations for a scale '
-         'and mesh'),
+         'and mesh (or --mode=long_context\'s evaluation)', flags=('fit_grad_accum', 'plan')),
     Mode('compile', 'ahead-of-time compilation of the train step for a TPU topology '
-         '(--topology=v5p:4x4x4)', flags=('topology',), module='gated_attention.modes.compile_aot'),
+         '(--topology=v5p:4x4x4), or of --mode=long_context\'s scoring step',
+         flags=('topology', 'fit_grad_accum', 'plan'),
+         module='gated_attention.modes.compile_aot'),
     Mode('import', 'a Hugging Face model directory (--hf=DIR) -> a run directory', flags=('hf',),
          needs_workdir=True, writes_run=True, module='gated_attention.modes.hf_import'),
     Mode('export', 'a run\'s checkpoint -> a Hugging Face model directory (--out=DIR)',

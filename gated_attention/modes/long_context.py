@@ -32,7 +32,7 @@ def run(workdir: str, *, overrides: dict | None = None, step: int | None = None)
   rundir.check_tokenizer(workdir, cfg, '--mode=long_context')
   run_ = rundir.load_run(workdir, step, config=cfg)
   data = input_pipeline.build_data(cfg.data, global_batch_size=1, seed=cfg.seed)
-  gen = generate.Generator(run_.model, max_len=max(lengths) + 64, chunk=opts.chunk)
+  gen = generate.Generator(run_.model, max_len=long_context.cache_length(lengths), chunk=opts.chunk)
   task = getattr(data, 'task', None)  # a synthetic task: generated documents, its own retrieval
   docs = (long_context.synthetic_documents(task, max(lengths) + 1, opts.docs) if task else
           long_context.long_documents(data, max(lengths) + 1, opts.docs))

@@ -607,7 +607,12 @@ def eval_config(workdir: str, overrides: dict | None = None, *, generation: bool
   `generation`, MoE routing every token (dispatch dropless: no parameter changes, no token
   dropped), as sampling and the long-context evaluation need."""
   cfg = evaluation_config(read_config(workdir), overrides or {})
-  if generation and cfg.model.moe.num_experts and cfg.model.moe.dispatch != 'dropless':
+  return for_generation(cfg) if generation else cfg
+
+
+def for_generation(cfg):
+  """`cfg` with MoE routing every token (dispatch dropless), as generation needs (in place)."""
+  if cfg.model.moe.num_experts and cfg.model.moe.dispatch != 'dropless':
     cfg.model.moe.dispatch = 'dropless'
     print('Note: generation routes every token (moe.dispatch=dropless).')
   return cfg
