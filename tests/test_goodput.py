@@ -148,15 +148,18 @@ def test_a_killed_and_resumed_run_accounts_for_the_repeated_steps(tmp_path):
   from tests.test_faults import kill_when, main_cmd  # pylint: disable=g-import-not-at-top
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
   workdir = str(tmp_path / 'run')
-  cmd = main_cmd(workdir, **{'train.eval_every': 10})
+  # Checkpoints 100 steps apart: the window between two is seconds long, longer than the
+  # account's writes apart (0.25 s) on a fast machine too.
+  cmd = main_cmd(workdir, **{'train.steps': 200, 'train.eval_every': 100,
+                             'train.checkpoint_every': 100, 'train.log_every': 5})
 
-  def past_checkpoint_10():
+  def past_checkpoint_100():
     s = _session(workdir, 1)
-    return (s is not None and s['step'] > 10
-            and not os.path.exists(os.path.join(workdir, 'checkpoints', '20')))
-  past_checkpoint_10.what = 'the account shows a step after checkpoint 10, before 20'
+    return (s is not None and s['step'] > 100
+            and not os.path.exists(os.path.join(workdir, 'checkpoints', '200')))
+  past_checkpoint_100.what = 'the account shows a step after checkpoint 100, before 200'
   t0 = time.time()
-  kill_when(cmd, env, past_checkpoint_10, str(tmp_path / 'log'))
+  kill_when(cmd, env, past_checkpoint_100, str(tmp_path / 'log'))
   killed_after = time.time() - t0
   first = _session(workdir, 1)
   # The resumed session, timed from outside: from its start to the account it prints at its end
@@ -175,9 +178,9 @@ def test_a_killed_and_resumed_run_accounts_for_the_repeated_steps(tmp_path):
   assert proc.returncode == 0, stdout[-3000:]
   sessions = rundir.read_goodput(workdir)
   assert [s['state'] for s in sessions] == ['running', 'finished']
-  assert sessions[1]['start_step'] == 10 and sessions[1]['step'] == 30
+  assert sessions[1]['start_step'] == 100 and sessions[1]['step'] == 200
   account = goodput_lib.summarize(sessions)
-  assert account['sessions'][0]['lost_steps'] == first['step'] - 10 > 0
+  assert account['sessions'][0]['lost_steps'] == first['step'] - 100 > 0
   assert account['lost_s'] > 0
   # The resumed session's account covers its process's life (python's start to its exit) ...
   assert sessions[1]['wall_s'] == pytest.approx(wall, rel=0.05), (sessions[1], wall)
@@ -187,7 +190,7 @@ def test_a_killed_and_resumed_run_accounts_for_the_repeated_steps(tmp_path):
   for s in account['sessions']:
     assert abs(s['other_s']) <= 0.05 * s['wall_s'], s
   assert sessions[1]['seconds']['restore'] > 0 and sessions[1]['seconds']['compile'] > 0
-  assert f'{first["step"] - 10} steps' in stdout, stdout
+  assert f'{first["step"] - 100} steps' in stdout, stdout
 
 
 def test_a_stalled_storage_does_not_hold_the_end(tmp_path, monkeypatch, capsys):
