@@ -93,7 +93,7 @@ def describe(account: dict) -> str:
               'restarts (trained again after a stop that came between checkpoints)'
               if account['lost_steps'] else '') + '.']
   parts = [f'{c.replace("_", " ")} {_duration(v)} ({100 * v / wall:.1f}%)'
-           for c, v in account['seconds'].items() if v > 0]
+           for c, v in account['seconds'].items() if v >= 0.05]    # none of a cause not met
   lines.append('  ' + ', '.join(parts))
   return '\n'.join(lines)
 
