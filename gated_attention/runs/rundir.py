@@ -301,9 +301,16 @@ def _well_typed(row) -> bool:
              for k, v in row.items())
 
 
-def _chunk_number(name: str) -> int | None:
-  stem = name[:-len('.jsonl')] if name.endswith('.jsonl') else ''
+def _numbered(name: str, prefix: str, suffix: str) -> int | None:
+  """N of a name `<prefix>N<suffix>` (N in ASCII digits), else None."""
+  if not (name.startswith(prefix) and name.endswith(suffix)):
+    return None
+  stem = name[len(prefix):len(name) - len(suffix)]
   return int(stem) if stem.isdigit() and stem.isascii() else None
+
+
+def _chunk_number(name: str) -> int | None:
+  return _numbered(name, '', '.jsonl')
 
 
 def metrics_chunk_numbers(workdir: str) -> list[int]:
@@ -401,9 +408,7 @@ def goodput_session(workdir: str, number: int) -> str:
 
 
 def _session_number(name: str) -> int | None:
-  stem = name[len('session-'):-len('.json')] if (name.startswith('session-')
-                                                   and name.endswith('.json')) else ''
-  return int(stem) if stem.isdigit() and stem.isascii() else None
+  return _numbered(name, 'session-', '.json')
 
 
 def goodput_session_numbers(workdir: str) -> list[int]:
