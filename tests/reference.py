@@ -239,6 +239,100 @@ def gate_apply(spec, p, hook, y, x_BxTxD):
 
 
 # --------------------------------------------------------------------------------------------
+# Gated DeltaNet (Yang et al. 2025; the linear-attention layers of Qwen3-Next / Qwen3.5)
+# --------------------------------------------------------------------------------------------
+
+def l2_normalize(x, eps=1e-6):
+  return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def softplus(z):
+  z = np.asarray(z, np.float64)
+  return np.maximum(z, 0) + np.log1p(np.exp(-np.abs(z)))
+
+
+def short_conv(x_BxTxC, kernel_WxC, segment_ids_BxT=None, past_BxW1xC=None):
+  """Causal depthwise conv, written as a loop: out[t] = sum_w kernel[w] x[t - (W-1) + w], inputs
+  before the window from `past` (else zero), with segment ids only those of t's document."""
+  B, T, C = x_BxTxC.shape
+  W = kernel_WxC.shape[0]
+  past = np.zeros((B, W - 1, C)) if past_BxW1xC is None else np.asarray(past_BxW1xC, np.float64)
+  out = np.zeros((B, T, C))
+  for b in range(B):
+    for t in range(T):
+      for w in range(W):
+        s = t - (W - 1) + w
+        if s < 0:
+          out[b, t] += kernel_WxC[w] * past[b, W - 1 + s]
+        elif segment_ids_BxT is None or segment_ids_BxT[b, s] == segment_ids_BxT[b, t]:
+          out[b, t] += kernel_WxC[w] * x_BxTxC[b, s]
+  return out
+
+
+def gated_delta_rule(q_BxTxHxk, k_BxTxHxk, v_BxTxHxv, g_BxTxH, beta_BxTxH, state_BxHxkxv=None,
+                     segment_ids_BxT=None):
+  """The gated delta rule token by token, per sequence and head (float64):
+  S <- exp(g) S;  S <- S + beta k (v - S^T k)^T;  o = S^T q; S restarts (0) at each document's
+  first token (a change of segment id). Returns (o [B, T, H, dv], final S [B, H, dk, dv])."""
+  B, T, H, dk = q_BxTxHxk.shape
+  dv = v_BxTxHxv.shape[-1]
+  S = (np.zeros((B, H, dk, dv)) if state_BxHxkxv is None
+       else np.array(state_BxHxkxv, np.float64))
+  o = np.zeros((B, T, H, dv))
+  for b in range(B):
+    for t in range(T):
+      restart = (segment_ids_BxT is not None and t > 0
+                 and segment_ids_BxT[b, t] != segment_ids_BxT[b, t - 1])
+      for h in range(H):
+        if restart:
+          S[b, h] = 0.0
+        S[b, h] *= np.exp(g_BxTxH[b, t, h])
+        k, v, q = k_BxTxHxk[b, t, h], v_BxTxHxv[b, t, h], q_BxTxHxk[b, t, h]
+        S[b, h] += np.outer(k, beta_BxTxH[b, t, h] * (v - S[b, h].T @ k))
+        o[b, t, h] = S[b, h].T @ q
+  return o, S
+
+
+def deltanet_layer(p, x_BxTxD, segment_ids_BxT=None, norm_eps=1e-6, cache=None):
+  """One Gated DeltaNet layer from its parameters `p` (deltanet.py's names: wq, wk [D, Kh, dk],
+  wv, wz [D, Hv, dv], wb, wa [D, Hv], conv_q / conv_k / conv_v [W, heads, dim], A_log,
+  dt_bias [Hv], norm.scale [dv], wo [Hv, dv, D]). Value head j reads key head j // (Hv / Kh).
+  `cache`: {'conv_q', 'conv_k', 'conv_v' [B, W-1, heads, dim] (the inputs before the window),
+  'state' [B, Hv, dk, dv]} or None. Returns (out [B, T, D], the cache after the window)."""
+  x = np.asarray(x_BxTxD, np.float64)
+  B, T, _ = x.shape
+  Kh, dk = p['wq'].shape[1:]
+  Hv, dv = p['wv'].shape[1:]
+  W = p['conv_q'].shape[0]
+  cache = cache or {}
+  new_cache = {}
+
+  def conv(name, w):
+    y = np.einsum('btd,d...->bt...', x, w)
+    shape = y.shape
+    flat = y.reshape(B, T, -1)
+    past = cache.get(name)
+    past_flat = None if past is None else np.asarray(past, np.float64).reshape(B, W - 1, -1)
+    full = np.concatenate([np.zeros((B, W - 1, flat.shape[-1])) if past is None else past_flat,
+                           flat], axis=1)
+    new_cache[name] = full[:, -(W - 1):].reshape((B, W - 1) + shape[2:])
+    out = short_conv(flat, p[name].reshape(W, -1), segment_ids_BxT, past_flat)
+    return silu(out).reshape(shape)
+
+  q, k, v = conv('conv_q', p['wq']), conv('conv_k', p['wk']), conv('conv_v', p['wv'])
+  z = np.einsum('btd,dhv->bthv', x, p['wz'])
+  beta = sigmoid(np.einsum('btd,dh->bth', x, p['wb']))
+  g = -np.exp(p['A_log']) * softplus(np.einsum('btd,dh->bth', x, p['wa']) + p['dt_bias'])
+  G = Hv // Kh
+  q = np.repeat(l2_normalize(q) / np.sqrt(dk), G, axis=2)
+  k = np.repeat(l2_normalize(k), G, axis=2)
+  o, S = gated_delta_rule(q, k, v, g, beta, cache.get('state'), segment_ids_BxT)
+  new_cache['state'] = S
+  y = rms_norm(o, p['norm']['scale'], norm_eps) * silu(z)
+  return np.einsum('bthv,hvd->btd', y, p['wo']), new_cache
+
+
+# --------------------------------------------------------------------------------------------
 # Attention layer, block, model
 # --------------------------------------------------------------------------------------------
 

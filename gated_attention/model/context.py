@@ -33,13 +33,18 @@ class Context:
   rope_tables      RoPE's (sin, cos) at `positions_BxT` (rope.py), made once for every layer;
                    None: each Attention computes them
   segment_ids_BxT  document ids for document masking (attention_kernels.document_ids), or None
+  valid_BxT        with a cache: which tokens of the call are real (each sequence's valid
+                   prefix; a right-padded prompt's padding is not), or None (all): a Gated
+                   DeltaNet layer's state passes padding through unchanged (deltanet.py)
   kv               KV cache {'k', 'v'}: [L, B, S, K, d] each, in a block [B, S, K, d]; or None
+                   (a Gated DeltaNet layer's: its conv and recurrent state, deltanet.py)
   pooled           the FFNs' pooled statistics over all micro-batches (train.py): [L, ...], in a
                    block that layer's; or None
   """
   positions_BxT: jax.Array
   rope_tables: tuple[jax.Array, jax.Array] | None = None
   segment_ids_BxT: jax.Array | None = None
+  valid_BxT: jax.Array | None = None
   kv: dict | None = None
   pooled: Any = None
 
