@@ -27,7 +27,7 @@ results are cached in benchmarks/aot_table.json, so an interrupted run resumes. 
 keyed by the code compiled (the git trees of gated_attention/ and configs/): an entry of other
 code is never served (it is compiled again and replaced) but stays in the file until then, so
 the tables of an earlier run keep their raw reports. The grad_accum walk is
-gated_attention/compile/fit.py's, the one `--fit_grad_accum` runs.
+gated_attention/training/fit.py's, the one `--fit_grad_accum` runs.
 """
 
 import argparse
@@ -154,8 +154,8 @@ def cached(cache, k, args, log, compile_fn):
 
 def search(variant, scale, slices, cache, args, log, seq=SEQ, extra=None):
   """(report, attempts): the first of `slices` (and smallest grad_accum on it, walked by
-  compile/fit.py as --fit_grad_accum does) that fits, at sequence length `seq`."""
-  from gated_attention.compile import fit  # pylint: disable=g-import-not-at-top
+  training/fit.py as --fit_grad_accum does) that fits, at sequence length `seq`."""
+  from gated_attention.training import fit  # pylint: disable=g-import-not-at-top
   extra = args.extra if extra is None else extra
   attempts = []
   for shape in slices:
@@ -188,7 +188,7 @@ def search_eval(variant, scale, length, slices, cache, args, log):
   YaRN: the first of `slices`, and on it the largest of EVAL_BATCHES, whose compiled step fits;
   then, on that slice, the largest batch at which RULER's generation fits too (its prefill
   logits added), or the report at batch 1 if none."""
-  from gated_attention.compile import fit  # pylint: disable=g-import-not-at-top
+  from gated_attention.training import fit  # pylint: disable=g-import-not-at-top
   attempts = []
   for shape in slices:
     topology = f'v5p:{shape}'

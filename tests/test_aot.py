@@ -14,7 +14,8 @@ import pytest
 
 from configs import g1_elementwise
 from gated_attention import chips
-from gated_attention.compile import aot, fit, hlo_cost, memory
+from gated_attention.compile import aot, hlo_cost, memory
+from gated_attention.training import fit
 from gated_attention.errors import UserError
 from gated_attention.model import transformer as model_lib
 from tests.jax_helpers import model_config
@@ -171,7 +172,7 @@ def test_jaxpr_cost_counts_every_shard_of_a_shard_map():
 
 
 # ----------------------------------------------------------------------------------------------
-# --fit_grad_accum (compile/fit.py, shared with benchmarks/aot_table.py) and --plan=long_context
+# --fit_grad_accum (training/fit.py, shared with benchmarks/aot_table.py) and --plan=long_context
 
 
 def test_grad_accum_candidates_keep_a_whole_sequence_per_device():
@@ -330,7 +331,7 @@ def test_long_context_step_compiles_for_a_topology_and_the_estimate_is_near():
 
 def test_aot_table_walks_like_fit_grad_accum_and_serves_only_this_codes_cache(tmp_path,
                                                                               monkeypatch):
-  """benchmarks/aot_table.py's search: compile/fit.py's walk over grad_accum on each slice
+  """benchmarks/aot_table.py's search: training/fit.py's walk over grad_accum on each slice
   (a fake compile: fits at 2 sequences a chip), results cached; an entry of other code is
   compiled again, and with cache_only an entry it lacks ends the search ("not computed")."""
   import argparse  # pylint: disable=g-import-not-at-top

@@ -105,6 +105,7 @@ def _run_dir_grammar() -> re.Pattern:
                  r'(?:\d+|<n>)\.json))?|_CHECKPOINT_METADATA))?)?')
   tops = {
       rundir.CONFIG_FILE: '', rundir.METRICS_FILE: '', rundir.LOCK_FILE: '',
+      rundir.GRAD_ACCUM_FILE: '',
       rundir.METRICS_DIR: rf'(?:/{number}\.jsonl)?',
       rundir.ANALYSIS_DIR: rf'(?:/(?:{e(rundir.REPORT_FILE)}|attention_maps\.npz|[a-z_]+\.png))?',
       rundir.LONG_CONTEXT_DIR: rf'(?:/{name}(?:/{name})?)?',

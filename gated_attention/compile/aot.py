@@ -40,7 +40,9 @@ import shutil
 import tempfile
 import time
 
-from gated_attention.compile import fit, hlo_cost
+from gated_attention.compile import hlo_cost
+from gated_attention.config import schema
+from gated_attention.training import fit
 from gated_attention.chips import ALIASES, CHIPS, TPU_CHIPS
 from gated_attention.errors import ConfigError, UserError
 
@@ -450,6 +452,8 @@ def fit_grad_accum(config, topology: str, *, log=print, compile_fn=None,
   the largest tried, what else to change) when none fits. `compile_fn(config, topology)`:
   `report` (tests pass a fake, and `num_devices`, the topology's devices, without libtpu)."""
   compile_fn = compile_fn or report
+  if schema.is_auto(config.train.grad_accum):   # train.grad_accum=auto: the walk from 1
+    config = fit.with_grad_accum(config, 1)
   n_dev = num_devices or len(topology_devices(topology)[1])
   shards = fit.batch_shards(config, n_dev)
   tc = config.train

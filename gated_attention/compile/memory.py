@@ -36,7 +36,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from gated_attention import sharding
-from gated_attention.compile import fit
+from gated_attention.config import schema
+from gated_attention.training import fit
 from gated_attention.errors import UserError
 
 GIB = 2 ** 30
@@ -322,11 +323,13 @@ def report(config, plan: _Plan | None = None) -> dict:
 
 
 def fit_grad_accum(config, log=print) -> dict:
-  """The estimate at config.train.grad_accum x 1, 2, 4, ... (compile/fit.py: while every device
+  """The estimate at config.train.grad_accum x 1, 2, 4, ... (training/fit.py: while every device
   keeps at least one sequence per micro-batch) against the device memory
   (config.memory.device_memory_gib, or the device's own), one line per attempt; returns the
   report of the first that fits, with `fit_grad_accum` listing the attempts. Raises UserError
   (one paragraph) when the device memory is unknown or none fits."""
+  if schema.is_auto(config.train.grad_accum):   # train.grad_accum=auto: the walk from 1
+    config = fit.with_grad_accum(config, 1)
   plan = _Plan(config)
   if plan.device_bytes is None:
     raise UserError('--fit_grad_accum needs the memory of a device to fit: set '

@@ -98,4 +98,4 @@ def get_config(scale: str = 'tiny') -> ml_collections.ConfigDict:
     _paper_recipe(c)
   if scale == 'dense_90m':
     _accelerator_recipe(c)
-  return c
+  return schema.allow_auto(c)

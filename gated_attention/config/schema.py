@@ -35,6 +35,37 @@ CHECKPOINT = 'checkpoint'
 EXTRA_SECTIONS = ('hf',)
 
 
+# Fields that take the word 'auto' besides a value of their default's kind (the command line's
+# --config.train.grad_accum=auto): `allow_auto` lets a ConfigDict hold either.
+AUTO = 'auto'
+AUTO_FIELDS = ('train.grad_accum',)
+
+
+def allow_auto(config):
+  """`config` (a ConfigDict) with each of AUTO_FIELDS able to hold 'auto' as well as a number
+  (ml_collections types a field by its first value, and parses an override by that type)."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  for path in AUTO_FIELDS:
+    section, _, key = path.rpartition('.')
+    holder = config
+    for part in section.split('.'):
+      holder = holder.get(part) if holder is not None else None
+    if holder is not None and key in holder:
+      value = holder[key]
+      locked = holder.is_locked
+      if locked:
+        holder.unlock()
+      del holder[key]
+      holder[key] = ml_collections.FieldReference(value, field_type=object)
+      if locked:
+        holder.lock()
+  return config
+
+
+def is_auto(value) -> bool:
+  return isinstance(value, str) and value == AUTO
+
+
 def _iterator(default):
   return dataclasses.field(default=default, metadata={'fixed': ITERATOR})
 
@@ -126,7 +157,9 @@ class Train:
   """train: the optimizer, the schedule, logging, checkpoints and the stability guard."""
   steps: int = 600
   batch_size: int = _iterator(16)  # global batch, in sequences
-  grad_accum: int = 1           # micro-batches per step (batch_size must divide)
+  grad_accum: int = 1           # micro-batches per step (batch_size must divide); 'auto':
+                                # --mode=train compiles the step on its devices at 1, 2, 4, ...
+                                # and takes the first that fits (training/grad_accum.py)
   seeds_program: str = 'auto'   # main.py --seeds: 'unrolled' (each seed's step in one program:
                                 # bitwise a separate run's), 'vmap' (one batched step: float32
                                 # rounding apart), 'auto' (unrolled on CPU, vmap on accelerators)
@@ -334,8 +367,12 @@ def type_errors(config: dict, known: dict | None = None, prefix: str = '') -> li
     elif isinstance(default, bool):
       if not isinstance(value, bool):
         errors.append(f'{where} is {shown}, not true / false')
+    elif where in AUTO_FIELDS and is_auto(value):
+      continue
     elif isinstance(default, (int, float)):
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+      if where in AUTO_FIELDS and isinstance(value, str):
+        errors.append(f'{where} is {shown}, not a number or {AUTO!r}')
+      elif isinstance(value, bool) or not isinstance(value, (int, float)) or (
           isinstance(default, int) and isinstance(value, float) and not value.is_integer()):
         errors.append(f'{where} is {shown}, not a number')
     elif isinstance(default, str) and not isinstance(value, str):

@@ -12,6 +12,8 @@ evaluation) stay together so that no other module knows a file name or a rule.
     RUN/tensorboard/         the same metrics for TensorBoard
     RUN/logs/                the libraries' own log files during training
     RUN/trainer.lock         the one trainer writing the run (lock.py)
+    RUN/grad_accum.json      train.grad_accum=auto's choice, the devices it was made on and its
+                             attempts (training/grad_accum.py; read_grad_accum)
 
 Several seeds trained as one program (--seeds, training/seeds.py) write one such directory per
 seed (`seed_workdirs`): each is a run of its own, resumed or analysed like any other.
@@ -61,6 +63,7 @@ TENSORBOARD_DIR = 'tensorboard'
 LONG_CONTEXT_DIR = 'long_context'
 GOODPUT_DIR = 'goodput'           # session-<n>.json: each session's time by cause (training/goodput.py)
 PROFILE_DIR = 'profile'           # profiler traces (training/profile.py), for TensorBoard / XProf
+GRAD_ACCUM_FILE = 'grad_accum.json'  # train.grad_accum=auto's choice and its devices (training/grad_accum.py)
 # What may differ from a run's saved config is declared on the config's fields: the model's in
 # their dataclass metadata (gated_attention/model/config.py), the rest in the schema's
 # (gated_attention/config/schema.py).
@@ -403,6 +406,34 @@ def read_long_context(workdir: str, tag: str) -> dict | None:
                       f'--config.long_context.tag={tag}')
 
 
+def grad_accum_path(workdir: str) -> str:
+  return storage.join(workdir, GRAD_ACCUM_FILE)
+
+
+def read_grad_accum(workdir: str) -> dict | None:
+  """train.grad_accum=auto's recorded choice ({'grad_accum': N, 'devices': {...}, ...}), or None
+  when the run has none (or an unreadable one: the choice is then made again)."""
+  path = grad_accum_path(workdir)
+  if not storage.isfile(path):
+    return None
+  try:
+    record = json.loads(storage.read_bytes(path))
+  except (OSError, ValueError):
+    _warn(f'{path} is unreadable; grad_accum=auto chooses again.')
+    return None
+  if not isinstance(record, dict) or not isinstance(record.get('grad_accum'), int):
+    _warn(f'{path} holds no grad_accum; grad_accum=auto chooses again.')
+    return None
+  return record
+
+
+def write_grad_accum(workdir: str, record: dict):
+  """Records train.grad_accum=auto's choice (process 0)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0:
+    storage.write(grad_accum_path(workdir), json.dumps(record, indent=2))
+
+
 def goodput_session(workdir: str, number: int) -> str:
   return storage.join(workdir, GOODPUT_DIR, f'session-{number:05d}.json')
 
@@ -498,7 +529,7 @@ def evaluation_config(saved, overrides: dict) -> ml_collections.ConfigDict:
   must equal the saved values (every one that differs is listed), except a tokenizer where the
   run saved none (an import of a directory without tokenizer.json): there the user names the
   tokenizer the model was trained with. `analysis.*` options are not config fields here."""
-  cfg = ml_collections.ConfigDict(saved.to_dict())
+  cfg = schema.allow_auto(ml_collections.ConfigDict(saved.to_dict()))
   flat, diffs = {}, []
   for path, value in overrides.items():
     if path.split('.')[0] == 'analysis':

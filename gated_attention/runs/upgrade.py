@@ -86,4 +86,4 @@ def from_saved(saved: dict, source: str = 'the saved config.json') -> ml_collect
         'hand); open it with that code, or remove those keys from the file. (A key that this '
         'code renamed or removed belongs in gated_attention/runs/upgrade.py RETIRED_KEYS, so '
         'that older runs still open.)')
-  return ml_collections.ConfigDict(_overlay(defaults, saved))
+  return schema.allow_auto(ml_collections.ConfigDict(_overlay(defaults, saved)))

@@ -26,6 +26,7 @@ from gated_attention.runs import checkpoint as ckpt_lib
 from gated_attention.runs import lock as lock_lib
 from gated_attention.runs import rundir as workdir_lib
 from gated_attention.training import goodput, prefetch, stability
+from gated_attention.training import grad_accum as grad_accum_lib
 from gated_attention.training import profile as profile_lib
 from gated_attention.training import train as train_lib
 from gated_attention.training.reporting import MetricsWriter, Progress
@@ -200,8 +201,12 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
   tc = config.train
   per_process = _per_process_streams(workdir)
   data = _build_data(config, per_process_stream=per_process)
+  auto_record = None
   if setup is None:
-    setup = train_lib.Setup(config, sharding.build_mesh(config.mesh))
+    mesh = sharding.build_mesh(config.mesh)
+    if grad_accum_lib.is_auto(config):   # compiled on these devices until one fits
+      config, setup, auto_record = grad_accum_lib.resolve(config, workdir, mesh, say=say)
+    setup = setup or train_lib.Setup(config, mesh)
   data.train_iter = prefetch.DevicePrefetch(
       data.train_iter, functools.partial(setup.global_batch, whole=not per_process),
       config.data.get('device_prefetch', 2))
@@ -216,6 +221,8 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
     checkpointer.check_shapes(latest, setup.abstract_params)
   workdir_lib.check_or_write_config(
       workdir, config, resuming_data=latest is not None and checkpointer.has_data(latest))
+  if auto_record is not None:
+    workdir_lib.write_grad_accum(workdir, auto_record)
   run = Run(config, workdir, data, setup, checkpointer, MetricsWriter(workdir),
              stability.Guard(tc, config.model.vocab_size), lock=lock,
              per_process_stream=per_process, account=account)

@@ -20,6 +20,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from gated_attention.config import schema
 from gated_attention.errors import ConfigError
 from gated_attention.model import attention_kernels
 from gated_attention.model import transformer as model_lib
@@ -179,6 +180,11 @@ def eval_step(params, batch, *, graphdef, tc, document_bos=None):
 def check_train_config(cfg, batch_shards: int, mesh_shape: dict):
   """Train settings that cannot work on this mesh, named (before anything compiles)."""
   tc = cfg.train
+  if schema.is_auto(tc.grad_accum):
+    raise ConfigError('config.train.grad_accum=\'auto\' is chosen by --mode=train of one run, on '
+                      'its devices (training/grad_accum.py); here give a number: '
+                      '--config.train.grad_accum=N (--mode=memory or --mode=compile with '
+                      '--fit_grad_accum finds one).')
   if tc.grad_accum < 1 or tc.batch_size % tc.grad_accum:
     raise ConfigError(f'config.train.batch_size={tc.batch_size} must be divisible by '
                       f'config.train.grad_accum={tc.grad_accum} (>= 1).')

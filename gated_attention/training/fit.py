@@ -1,7 +1,8 @@
 """The smallest gradient accumulation whose training step fits: one walk, shared by
 `--mode=compile --fit_grad_accum` (each candidate compiled for the TPU topology), `--mode=memory
---fit_grad_accum` (each candidate against the analytic estimate) and benchmarks/aot_table.py
-(compiled in subprocesses, cached).
+--fit_grad_accum` (each candidate against the analytic estimate), `train.grad_accum=auto`
+(training/grad_accum.py: each compiled on the devices of the session) and
+benchmarks/aot_table.py (compiled in subprocesses, cached).
 
     walk(candidates(1024, 4, start=1), attempt, log=print)
 
@@ -44,10 +45,13 @@ def batch_shards(config, num_devices: int) -> int:
 
 
 def with_grad_accum(config, grad_accum: int):
-  """A copy of `config` with train.grad_accum = grad_accum."""
+  """A copy of `config` with train.grad_accum = grad_accum (the field may have held 'auto')."""
+  from gated_attention.config import schema  # pylint: disable=g-import-not-at-top
   c = config.copy_and_resolve_references()
-  c.train.grad_accum = int(grad_accum)
-  return c
+  with c.unlocked():
+    del c.train['grad_accum']
+    c.train.grad_accum = int(grad_accum)
+  return schema.allow_auto(c)
 
 
 def candidates(batch_size: int, batch_shards: int, start: int = 1) -> list[int]:
