@@ -25,9 +25,9 @@ from gated_attention.errors import UserError
 def _fail(message: str):
   print('\n'.join(textwrap.fill(line, 100) for line in message.splitlines()), file=sys.stderr)
   print('(--verbosity=1 or GATED_ATTENTION_TRACEBACK=1 shows the traceback.)', file=sys.stderr)
-  from gated_attention import storage_waits  # pylint: disable=g-import-not-at-top
-  if storage_waits.abandoned():   # threads stuck on a stalled storage: Python would join them
-    storage_waits.exit_now(status=1)
+  from gated_attention import storage  # pylint: disable=g-import-not-at-top
+  if storage.waits.abandoned():   # threads stuck on a stalled storage: Python would join them
+    storage.waits.exit_now(status=1)
   sys.exit(1)
 
 
@@ -136,8 +136,8 @@ def main(argv):
   if not FLAGS['verbosity'].present:  # orbax logs every save at INFO; -v 0 shows it again
     logging.set_verbosity(logging.WARNING)
   from gated_attention import console  # pylint: disable=g-import-not-at-top
-  from gated_attention import storage_waits  # pylint: disable=g-import-not-at-top
-  storage_waits.own_process()      # a stalled storage may end this process (storage_waits.py)
+  from gated_attention import storage  # pylint: disable=g-import-not-at-top
+  storage.waits.own_process()      # a stalled storage may end this process (storage/waits.py)
   try:
     with console.without_event_loop_noise():
       dispatch(_args(argv[1:]), keep_logs_on_console=FLAGS['verbosity'].present)
@@ -184,20 +184,19 @@ def _libraries_log_to(log_dir: str):
   import shutil  # pylint: disable=g-import-not-at-top
   from gated_attention import storage  # pylint: disable=g-import-not-at-top
   if storage.is_remote(log_dir):     # object storage: written here, copied there at the exit
-    from gated_attention import scratch  # pylint: disable=g-import-not-at-top
-    local = scratch.make('gated_attention_logs_')   # a killed command's are removed here
+    local = storage.scratch.make('gated_attention_logs_')   # a killed command's are removed here
 
     def upload():
       try:
         logging.get_absl_handler().flush()
-        for name in scratch.files(local):
+        for name in storage.scratch.files(local):
           path = os.path.join(local, name)
           if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path):
             with open(path, 'rb') as f:
               storage.write(storage.join(log_dir, name), f.read())
       except Exception:  # pylint: disable=broad-except  # logs are a convenience; never fail on them
         pass
-      scratch.remove(local)
+      storage.scratch.remove(local)
     atexit.register(upload)
     logging.get_absl_handler().use_absl_log_file('main', local)
     std_logging.raiseExceptions = False

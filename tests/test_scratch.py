@@ -1,6 +1,7 @@
-"""Local temporary folders (gated_attention/scratch.py): a kill -9 left a gs:// run's TensorBoard
-and log folders in /tmp for good (issue 50); the next command of the kind removes those whose
-process is gone, never a live process's. Each test points TMPDIR at a folder of its own."""
+"""Local temporary folders (gated_attention/storage/scratch.py): a kill -9 left a gs:// run's
+TensorBoard and log folders in /tmp for good (issue 50); the next command of the kind removes
+those whose process is gone, never a live process's. Each test points TMPDIR at a folder of its
+own."""
 
 import os
 import signal
@@ -10,12 +11,12 @@ import time
 
 import pytest
 
-from gated_attention import scratch
+from gated_attention.storage import scratch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OWNER = """
 import sys, time
-from gated_attention import scratch
+from gated_attention.storage import scratch
 print(scratch.make(sys.argv[1]), flush=True)
 time.sleep(600)
 """

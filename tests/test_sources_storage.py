@@ -1,5 +1,5 @@
 """Training data read from object storage (input_pipeline/sources.py over gated_attention/
-storage.py) against a real GCS API server: text, jsonl, parquet and ArrayRecord files on gs://
+storage/) against a real GCS API server: text, jsonl, parquet and ArrayRecord files on gs://
 give the same documents in the same order as the same files on a local disk, and the same
 batches."""
 

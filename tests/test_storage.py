@@ -1,4 +1,4 @@
-"""gated_attention/storage.py against a real GCS API server (fake-gcs-server) and a local
+"""gated_attention/storage/ against a real GCS API server (fake-gcs-server) and a local
 folder: the same calls, the same answers."""
 
 import os
@@ -6,6 +6,7 @@ import os
 import pytest
 
 from gated_attention import storage
+from gated_attention.storage import objects as storage_objects
 
 
 @pytest.fixture(params=['local', 'gcs'])
@@ -102,15 +103,15 @@ def test_check_reachable_names_a_missing_bucket(gcs):
 
 def test_check_reachable_names_an_unreachable_endpoint(monkeypatch):
   monkeypatch.setenv('STORAGE_EMULATOR_HOST', 'http://127.0.0.1:9')   # nothing listens there
-  monkeypatch.setattr(storage, 'REACH_TIMEOUT_S', 2.0)
-  storage._gcs_client.cache_clear()  # pylint: disable=protected-access
+  monkeypatch.setattr(storage_objects, 'REACH_TIMEOUT_S', 2.0)
+  storage_objects._gcs_client.cache_clear()  # pylint: disable=protected-access
   try:
     with pytest.raises(storage.StorageError, match='cannot be reached') as e:
       storage.check_reachable('gs://bucket/run', write=True)
     # the whole error, its root cause last (issue 50: it was cut at "[Errno 11.")
     assert '[Errno 111] Connection refused' in str(e.value), str(e.value)
   finally:
-    storage._gcs_client.cache_clear()  # pylint: disable=protected-access
+    storage_objects._gcs_client.cache_clear()  # pylint: disable=protected-access
 
 
 def test_entries_tell_files_from_folders(root):

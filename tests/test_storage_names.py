@@ -1,5 +1,5 @@
 """gs:// names that GCS or a client on the way cannot carry (issue 50, gated_attention/
-storage_names.py): refused in one paragraph before anything is written, with the bucket's
+storage/names.py): refused in one paragraph before anything is written, with the bucket's
 object names compared before and after each case (fake-gcs-server)."""
 
 import os
@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from gated_attention import storage
-from gated_attention import storage_names
-from gated_attention import storage_objects
+from gated_attention.storage import names as storage_names
+from gated_attention.storage import objects as storage_objects
 from gated_attention.errors import StorageError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

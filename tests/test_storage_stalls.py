@@ -1,6 +1,6 @@
 """A storage endpoint that stops answering (issue 50): the session's fake-gcs-server is frozen
 with SIGSTOP (and always thawed), and every wait on it must end within its bound
-(gated_attention/storage_waits.py) with one paragraph: a request with its retries, orbax's
+(gated_attention/storage/waits.py) with one paragraph: a request with its retries, orbax's
 finalize of a checkpoint, the lock's heartbeat. The slow tests stall a real `main.py` trainer
 mid-run, with and without a SIGTERM during the stall, then resume it bitwise.
 """
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gated_attention import storage
-from gated_attention import storage_waits
+from gated_attention.storage import waits as storage_waits
 from gated_attention.errors import CheckpointError, StorageError
 
 pytestmark = pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')

@@ -7,7 +7,6 @@ import json
 import re
 import sys
 
-from gated_attention import scratch
 from gated_attention import storage
 from gated_attention.errors import ConfigError
 from gated_attention.runs.hf import interop
@@ -34,12 +33,12 @@ def main(args):
   # Object storage: written into a local folder first (safetensors are written by seeking), then
   # uploaded file by file; nothing is left under --out if the export fails.
   storage.check_reachable(args.out, write=True)
-  local = scratch.make('gated_attention_export_')   # a killed export's are removed here
+  local = storage.scratch.make('gated_attention_export_')   # a killed export's are removed here
   try:
     summary = _export(args, local + '/hf')
     storage.upload_tree(local + '/hf', args.out)
   finally:
-    scratch.remove(local)
+    storage.scratch.remove(local)
   print(json.dumps(summary | {"out_dir": args.out}, indent=1))
 
 

@@ -8,7 +8,6 @@
 import json
 import sys
 
-from gated_attention import scratch
 from gated_attention import storage
 from gated_attention.runs.hf import interop
 
@@ -38,7 +37,7 @@ def _import_remote(args) -> dict:
   tokenizer = storage.join(args.hf, 'tokenizer.json')
   if 'data.tokenizer' not in overrides and storage.isfile(tokenizer):
     overrides['data.tokenizer'] = tokenizer
-  local = scratch.make('gated_attention_import_')   # a killed import's are removed here
+  local = storage.scratch.make('gated_attention_import_')   # a killed import's are removed here
   try:
     try:
       storage.download_tree(args.hf, local + '/hf')
@@ -47,5 +46,5 @@ def _import_remote(args) -> dict:
                'config.json and *.safetensors).')
     summary = interop.import_run(local + '/hf', args.workdir, overrides=overrides)
   finally:
-    scratch.remove(local)
+    storage.scratch.remove(local)
   return summary | {'source': args.hf}

@@ -44,7 +44,6 @@ import orbax.checkpoint as ocp
 
 from gated_attention import console
 from gated_attention import storage
-from gated_attention import storage_waits
 from gated_attention.errors import CheckpointError, StorageError
 
 CHECKPOINTS_DIR = 'checkpoints'   # in the run directory (rundir.py lists its files)
@@ -246,17 +245,17 @@ class Checkpointer:
 
   def wait(self):
     """Blocks until the pending asynchronous save is written, for at most
-    storage_waits.CHECKPOINT_WAIT_S: orbax's wait has no timeout, and a storage endpoint that
+    storage.waits.CHECKPOINT_WAIT_S: orbax's wait has no timeout, and a storage endpoint that
     stopped answering kept it (and the process) waiting for as long as it was down. Past the
     bound, a StorageError of one paragraph (orbax's threads are left behind)."""
-    seconds = storage_waits.CHECKPOINT_WAIT_S
+    seconds = storage.waits.CHECKPOINT_WAIT_S
     stalled = (
         f'Saving a checkpoint to {self.directory} did not finish within {seconds:.0f} s: the '
         'storage stopped answering (or is far slower than it should be). The checkpoints '
         'before it are intact; once the storage answers, run the same command again to resume '
         'from the latest one. (GATED_ATTENTION_CHECKPOINT_WAIT_S sets this bound.)')
     with self._save_errors():
-      storage_waits.call(self.manager.wait_until_finished, seconds, stalled)
+      storage.waits.call(self.manager.wait_until_finished, seconds, stalled)
 
   def should_save(self, step: int) -> bool:
     """Every `every` steps, or when the cluster signals a preemption."""
@@ -268,16 +267,16 @@ class Checkpointer:
   @contextlib.contextmanager
   def _save_errors(self):
     """A failed asynchronous save, whichever orbax call raises it, as one CheckpointError; a
-    stalled storage as its StorageError. The block has a hard deadline too (storage_waits:
+    stalled storage as its StorageError. The block has a hard deadline too (storage.waits:
     orbax's synchronous part of a save, which no other thread can interrupt, may wait on a
     stalled endpoint): past the bound and a grace period, one paragraph and exit status 1."""
-    seconds = storage_waits.CHECKPOINT_WAIT_S + storage_waits.GRACE_S
+    seconds = storage.waits.CHECKPOINT_WAIT_S + storage.waits.GRACE_S
     hard = (f'Saving a checkpoint to {self.directory} did not finish within {seconds:.0f} s: the '
             'storage stopped answering. The checkpoints before it are intact; once the storage '
             'answers, run the same command again to resume from the latest one. '
             '(GATED_ATTENTION_CHECKPOINT_WAIT_S sets this bound.)')
     try:
-      with storage_waits.deadline(seconds, hard):
+      with storage.waits.deadline(seconds, hard):
         yield
     except (CheckpointError, StorageError):
       raise
@@ -584,10 +583,10 @@ class Checkpointer:
                           'failed verification (warnings above).')
 
   def close(self):
-    if storage_waits.abandoned():   # a save stuck on storage: waiting or closing joins it again
+    if storage.waits.abandoned():   # a save stuck on storage: waiting or closing joins it again
       return
     try:
       self.wait()
     finally:
-      if not storage_waits.abandoned():
+      if not storage.waits.abandoned():
         self.manager.close()

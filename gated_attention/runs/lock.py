@@ -50,7 +50,6 @@ import time
 import jax
 
 from gated_attention import storage
-from gated_attention import storage_waits
 from gated_attention.errors import CheckpointError
 from gated_attention.runs.rundir import LOCK_FILE
 
@@ -338,7 +337,7 @@ class RunLock:
 
   def refresh(self):
     """Rewrites the heartbeat (the background thread; before a save that has not heard one for
-    long: `check`). Each write is bounded (storage_waits.REQUEST_S); one that fails is tried
+    long: `check`). Each write is bounded (storage.waits.REQUEST_S); one that fails is tried
     again at the next beat."""
     with self._refreshing:
       if not self.held or self.lost:
@@ -401,7 +400,7 @@ class RunLock:
           'run over (this one was thought gone: its heartbeat stopped); stopping without saving.')
     silent = time.time() - self._heard
     if self.held and silent > unsafe:
-      storage_waits.closing('lock heartbeat')
+      storage.waits.closing('lock heartbeat')
       raise CheckpointError(
           f'This trainer could not write the heartbeat of its lock {self.path} for {silent:.0f} s '
           f'({self._unheard or "no answer"}); after {self.stale_s:.0f} s another trainer may take '
@@ -415,7 +414,7 @@ class RunLock:
     _TAKING.discard(self)
     self._stop.set()
     if self._thread is not None:  # a beat in flight ends within its request's bound
-      self._thread.join(storage_waits.request_timeout() + 1.0)
+      self._thread.join(storage.waits.request_timeout() + 1.0)
       self._thread = None
     if self.held and not self.lost and self.remote:
       released = json.dumps({'released': True, 'by': self._mine})

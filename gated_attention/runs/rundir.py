@@ -33,7 +33,7 @@ cannot be written is refused before any work (`check_workdir`). Evaluating a che
 positions' encoding) and nothing else.
 
 A run directory is a local folder or a prefix on object storage (`--workdir=gs://bucket/run`):
-every file here goes through gated_attention/storage.py, and docs/storage.md has the design.
+every file here goes through gated_attention/storage/, and docs/storage.md has the design.
 
 Reading configs and metrics imports no JAX (--mode=compare stays fast); opening a run's
 parameters goes through the model factory (factory.py), which verifies the checkpoint.

@@ -28,7 +28,6 @@ import time
 
 import jax
 
-from gated_attention import scratch
 from gated_attention import storage
 from gated_attention.errors import ConfigError
 from gated_attention.runs import rundir
@@ -73,7 +72,7 @@ class Profiler:
     """`step`: the number of the step about to run (1 for the run's first)."""
     if step != self.first:
       return
-    self.local = scratch.make('gated_attention_profile_')
+    self.local = storage.scratch.make('gated_attention_profile_')
     jax.profiler.start_trace(self.local, create_perfetto_trace=True)
     self.tracing = True
 
@@ -103,7 +102,7 @@ class Profiler:
                f'xprof --logdir {storage.join(self.workdir, rundir.PROFILE_DIR)}, or its '
                'perfetto_trace.json.gz at https://ui.perfetto.dev)')
     finally:
-      scratch.remove(self.local)
+      storage.scratch.remove(self.local)
 
   def _publish(self, step: int) -> str:
     """Copies the trace's files into RUN/profile/plugins/profile/<name>/, each named after this

@@ -12,9 +12,7 @@ import jax
 import numpy as np
 
 from gated_attention import chips
-from gated_attention import scratch
 from gated_attention import storage
-from gated_attention import storage_waits
 from gated_attention.errors import CheckpointError
 from gated_attention.model import transformer as model_lib
 from gated_attention.runs import rundir
@@ -104,11 +102,11 @@ class _Mirror:
   event files and the libraries' logs of a run on object storage: they append)."""
 
   def __init__(self, remote: str, prefix: str):
-    self.remote, self.local = remote, scratch.make(prefix)   # a killed run's are removed here
+    self.remote, self.local = remote, storage.scratch.make(prefix)   # a killed run's are removed here
     self._sent = {}
 
   def sync(self):
-    for name in scratch.files(self.local):
+    for name in storage.scratch.files(self.local):
       path = os.path.join(self.local, name)
       if not os.path.isfile(path):
         continue
@@ -122,7 +120,7 @@ class _Mirror:
     try:
       self.sync()
     finally:
-      scratch.remove(self.local)
+      storage.scratch.remove(self.local)
 
 
 # A run on object storage writes its buffered metrics rows at least this often (seconds).
@@ -218,7 +216,7 @@ class MetricsWriter:
       if self.tb_mirror is not None:
         self.tb_mirror.sync()
     except storage.StorageError as e:   # a stalled or lost endpoint (each request is bounded)
-      storage_waits.closing('metrics')
+      storage.waits.closing('metrics')
       raise storage.StorageError(
           f'Storing the metrics rows failed: {e} The checkpoints already written are intact; '
           'once the storage answers, run the same command again to resume from the latest '

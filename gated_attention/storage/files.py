@@ -1,100 +1,26 @@
-"""Where a run's files live: a local folder, or object storage (`gs://bucket/path`).
-One file, one concern: the file API every module calls (objects with preconditions, gs:// names
-and the bounds on waits are already apart: storage_objects.py, storage_names.py, storage_waits.py).
-
-Every file the project writes or reads itself (config.json, metrics, reports, the lock, data
-files) goes through these functions; orbax reaches the same storage through etils' epath and
-tensorstore. A path with a scheme (`gs://...`) is remote; anything else is local and keeps the
-plain os calls, so a local run directory is written byte for byte as before.
-
-Object storage is not a file system, and the callers are written for what it has:
-  - no append: an object is written whole. `create(path, data)` writes a new object only if
-    none exists (`ifGenerationMatch=0`), so a writer never overwrites another's object;
-    metrics are written as numbered chunk objects (training/reporting.py), not appended.
-  - no atomic rename: `write(path, data)` is one upload (atomic by itself: readers see the old
-    object or the new one, never a part); `move_tree` is copy, check, then delete, and says so.
-  - no free-space call and no /proc, memmap or O_EXCL: the checkpointer skips its free-space
-    check there, the lock uses object generations (runs/lock.py), data files are read by range.
-
-Clients: gcsfs (fsspec) for files and listings, google-cloud-storage for the preconditions
-(`Object`), both reading STORAGE_EMULATOR_HOST when it is set (tests: fake-gcs-server).
-`check_reachable(path)` turns a missing bucket, missing credentials or an unreachable endpoint
-into one paragraph before any work starts; with `write`, a bucket or folder name that GCS or one
-of the clients cannot carry too (storage_names.py).
+"""The file API every module calls (through the face, gated_attention/storage/__init__.py): the
+same calls on a local folder and on object storage. Local paths keep the plain os calls, so a
+local run directory is written byte for byte as before; remote ones go through gcsfs
+(clients.py), each request bounded and its error one paragraph.
 """
 
-import contextlib
 import glob as glob_lib
-import logging
 import os
 import posixpath
-import re
 
-from gated_attention import storage_waits
-from gated_attention.errors import StorageError  # noqa: F401  (storage.StorageError, as before)
-
-# gcsfs's default file system asks the storage-control API for every bucket's layout first (a
-# gRPC call that waits 60 s where that API is not served, as on an emulator); the plain JSON-API
-# file system reads and writes every bucket, hierarchical ones included.
-os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
-# gcsfs logs each request it gives up on with a traceback (logger.exception) before raising the
-# error, which reaches the user as one paragraph (_errors): its log printed a traceback above it.
-logging.getLogger('gcsfs').setLevel(logging.CRITICAL)
-
-# How long check_reachable retries a bucket that does not answer before it says so
-# (GATED_ATTENTION_STORAGE_TIMEOUT_S overrides it).
-REACH_TIMEOUT_S = float(os.environ.get('GATED_ATTENTION_STORAGE_TIMEOUT_S', 30.0))
-_SCHEME = re.compile(r'^([a-zA-Z][a-zA-Z0-9+.-]*)://')
-
-
-def scheme(path: str) -> str | None:
-  """'gs' for gs://bucket/x, None for a local path (file:// counts as local)."""
-  m = _SCHEME.match(str(path))
-  return None if m is None or m.group(1) == 'file' else m.group(1)
-
-
-def is_remote(path: str) -> bool:
-  return scheme(path) is not None
-
-
-def _local(path: str) -> str:
-  return str(path)[len('file://'):] if str(path).startswith('file://') else str(path)
-
-
-def abspath(path: str) -> str:
-  """A local path made absolute; a remote URL without a trailing slash."""
-  return path.rstrip('/') if is_remote(path) else os.path.abspath(_local(path))
-
-
-def join(path: str, *parts: str) -> str:
-  if is_remote(path):
-    return posixpath.join(path, *parts)
-  return os.path.join(path, *parts)
-
-
-def dirname(path: str) -> str:
-  return posixpath.dirname(path.rstrip('/')) if is_remote(path) else os.path.dirname(path)
-
-
-def basename(path: str) -> str:
-  return posixpath.basename(path.rstrip('/')) if is_remote(path) else os.path.basename(path)
+from gated_attention.errors import StorageError
+from gated_attention.storage import objects
+# What this module shares with objects.py, by the names it has always used here (the face
+# exports the public ones: storage.filesystem, storage.is_remote, storage.scheme).
+from gated_attention.storage.clients import errors as _errors
+from gated_attention.storage.clients import filesystem
+from gated_attention.storage.clients import timeout as _timeout
+from gated_attention.storage.paths import is_remote
+from gated_attention.storage.paths import local as _local
+from gated_attention.storage.paths import scheme
 
 
 # --- remote file systems ---------------------------------------------------------------------
-
-def filesystem(path: str):
-  """(fsspec file system, its path without the scheme) of a remote path."""
-  import fsspec  # pylint: disable=g-import-not-at-top
-  try:
-    # No cached listings: other processes (the trainer, other hosts) write the same prefixes, and
-    # a cached parent listing would hide what they wrote since.
-    fs, fs_path = fsspec.core.url_to_fs(path, use_listings_cache=False)
-  except ImportError as e:
-    raise StorageError(
-        f'{path} is on {scheme(path)}:// storage, which needs its fsspec package ({e}); for '
-        'gs:// run: pip install gcsfs google-cloud-storage (requirements.txt pins them).') from e
-  return fs, fs_path
-
 
 def _written(path: str):
   """Forgets cached listings of `path` in every live file system of its kind: orbax's (etils
@@ -111,59 +37,8 @@ def forget_listings(path: str):
     _written(path)
 
 
-def _timeout(nbytes: int = 0) -> float:
-  """The bound on one remote request moving `nbytes` (storage_waits.py): passed to gcsfs, whose
-  own retries (6, each up to aiohttp's 5 minutes) would otherwise wait half an hour on an
-  endpoint that stopped answering."""
-  return storage_waits.request_timeout(nbytes)
-
-
 def _url(path: str, fs_path: str) -> str:
   return f'{scheme(path)}://{fs_path}'
-
-
-@contextlib.contextmanager
-def _errors(path: str, what: str):
-  """A storage client's exception (no credentials, a refused request) as one StorageError."""
-  try:
-    yield
-  except (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
-          PermissionError):
-    raise
-  except StorageError:
-    raise
-  except Exception as e:  # pylint: disable=broad-except  # gcsfs / google-auth raise many types
-    raise StorageError(_explain(path, what, e)) from e
-
-
-def _whole(e: Exception, limit: int = 1600) -> str:
-  """The error on one line, whole: the root cause (`[Errno 111] Connection refused`) is at its
-  end, and a cut at 300 characters left "[Errno 11." (issue 50). Only a message longer than
-  `limit` loses its middle."""
-  text = ' '.join(f'{type(e).__name__}: {e}'.split())
-  return text if len(text) <= limit else f'{text[:limit // 2]} ... {text[-limit // 2:]}'
-
-
-def _explain(path: str, what: str, e: Exception) -> str:
-  text = _whole(e)
-  if isinstance(e, TimeoutError):   # gcsfs's bound (fsspec's FSTimeoutError) has no message
-    text = (f'{type(e).__name__}: no answer within {_timeout():g} s (a bound on one request '
-            'with its retries: GATED_ATTENTION_STORAGE_REQUEST_S)')
-  low = text.lower()
-  if ('credential' in low or 'unauthorized' in low or re.search(r'\b401\b', low)
-      or 'anonymous caller' in low):
-    fix = ('no usable Google Cloud credentials. On a TPU VM or GCE the machine\'s service account '
-           'is used (give it roles/storage.objectAdmin on the bucket); elsewhere run `gcloud auth '
-           'application-default login` or set GOOGLE_APPLICATION_CREDENTIALS to a key file')
-  elif re.search(r'\b403\b', low) or 'forbidden' in low or 'permission' in low:
-    fix = ('the credentials in use may not do this; grant them roles/storage.objectAdmin on the '
-           'bucket (or pass a --workdir in a bucket they can write)')
-  elif 'connect' in low or 'timeout' in low or 'timed out' in low or 'resolve' in low:
-    fix = ('the storage endpoint cannot be reached; check the network (and STORAGE_EMULATOR_HOST '
-           'if you meant an emulator)')
-  else:
-    fix = 'check the path, the bucket and your credentials'
-  return f'Cannot {what} {path}: {text}. Likely cause: {fix}.'
 
 
 # --- files -----------------------------------------------------------------------------------
@@ -329,8 +204,7 @@ def create(path: str, data: bytes | str) -> bool:
     with os.fdopen(fd, 'wb') as f:
       f.write(data)
     return True
-  from gated_attention import storage_objects  # pylint: disable=g-import-not-at-top
-  return bool(storage_objects.Object(path).write(data, if_generation=0))
+  return bool(objects.Object(path).write(data, if_generation=0))
 
 
 def remove(path: str):
@@ -442,16 +316,3 @@ def upload_file(local_path: str, path: str):
   with _errors(path, 'upload to'):
     fs.put_file(local_path, p, timeout=_timeout(os.path.getsize(local_path)))
   _written(path)
-
-
-# Objects read and written with generation preconditions, and the checks of a path before any
-# work, are storage_objects.py's (split by concern; it uses the helpers above): reached here as
-# storage.Object, storage.check_reachable ...
-_OBJECTS = ('Object', 'Version', '_gcs_client', 'check_folder', 'check_reachable', 'check_writable')
-
-
-def __getattr__(name: str):
-  if name in _OBJECTS:
-    from gated_attention import storage_objects  # pylint: disable=g-import-not-at-top
-    return getattr(storage_objects, name)
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

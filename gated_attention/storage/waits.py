@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 
-from gated_attention import scratch
+from gated_attention.storage import scratch
 from gated_attention.errors import StorageError
 
 

@@ -1,16 +1,21 @@
 """Objects on gs:// read and written with generation preconditions (the run's lock, the metrics
 chunks: `Object`), and the checks of a path before any work (`check_reachable`, `check_folder`,
-`check_writable`). A part of the storage layer, split from storage.py by concern (it uses that
-module's helpers): callers reach these names as storage.Object, storage.check_reachable ..."""
+`check_writable`). A part of the storage layer: callers reach these names through its face, as
+storage.Object, storage.check_reachable ..."""
 
 import dataclasses
 import functools
 import os
 import tempfile
 
-from gated_attention import storage
-from gated_attention import storage_names
 from gated_attention.errors import StorageError
+from gated_attention.storage import clients
+from gated_attention.storage import names
+from gated_attention.storage import paths
+
+# How long check_reachable retries a bucket that does not answer before it says so
+# (GATED_ATTENTION_STORAGE_TIMEOUT_S overrides it).
+REACH_TIMEOUT_S = float(os.environ.get('GATED_ATTENTION_STORAGE_TIMEOUT_S', 30.0))
 
 
 # --- objects with generations (preconditions) ------------------------------------------------
@@ -27,14 +32,14 @@ def _gcs_client():
 
 def _request_bounds(nbytes: int = 0) -> dict:
   """google-cloud-storage's timeout (one attempt) and retry (all attempts) within the bound on
-  one request (storage_waits.py); its defaults are 60 s an attempt, retried for 120 s."""
+  one request (waits.py); its defaults are 60 s an attempt, retried for 120 s."""
   from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
-  bound = storage._timeout(nbytes)
+  bound = clients.timeout(nbytes)
   return dict(timeout=min(60.0, bound), retry=retry.DEFAULT_RETRY.with_timeout(bound))
 
 
 def _bucket_and_name(path: str) -> tuple[str, str]:
-  if storage.scheme(path) != 'gs':
+  if paths.scheme(path) != 'gs':
     raise StorageError(f'{path}: only gs:// object storage is supported for this (a local path, '
                        'or gs://bucket/path).')
   bucket, _, name = path[len('gs://'):].partition('/')
@@ -57,7 +62,7 @@ class Object:
     self.bucket, self.name = _bucket_and_name(path)
 
   def _blob(self):
-    with storage._errors(self.path, 'reach'):
+    with clients.errors(self.path, 'reach'):
       return _gcs_client().bucket(self.bucket).blob(self.name)
 
   def read(self) -> Version | None:
@@ -65,7 +70,7 @@ class Object:
     import datetime  # pylint: disable=g-import-not-at-top
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     blob = self._blob()
-    with storage._errors(self.path, 'read'):
+    with clients.errors(self.path, 'read'):
       try:
         data = blob.download_as_bytes(**_request_bounds())
       except exceptions.NotFound:
@@ -79,7 +84,7 @@ class Object:
     """The current generation (0: the object does not exist)."""
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     blob = self._blob()
-    with storage._errors(self.path, 'look up'):
+    with clients.errors(self.path, 'look up'):
       try:
         blob.reload(**_request_bounds())
       except exceptions.NotFound:
@@ -92,7 +97,7 @@ class Object:
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     data = data.encode('utf-8') if isinstance(data, str) else data
     blob = self._blob()
-    with storage._errors(self.path, 'write'):
+    with clients.errors(self.path, 'write'):
       try:
         blob.upload_from_string(data, if_generation_match=if_generation,
                                 **_request_bounds(len(data)))
@@ -105,7 +110,7 @@ class Object:
     the precondition; fake-gcs-server does not, so no caller's correctness depends on it.)"""
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     blob = self._blob()
-    with storage._errors(self.path, 'delete'):
+    with clients.errors(self.path, 'delete'):
       try:
         blob.delete(if_generation_match=if_generation, **_request_bounds())
       except (exceptions.PreconditionFailed, exceptions.NotFound):
@@ -119,26 +124,26 @@ def check_reachable(path: str, *, write: bool):
   """Raises a one-paragraph StorageError if `path`'s bucket is missing, the credentials are
   missing or refused, or the endpoint cannot be reached; with `write`, also if an object cannot
   be written there (a probe object, deleted at once). Nothing for a local path."""
-  if not storage.is_remote(path):
+  if not paths.is_remote(path):
     return
-  if storage.scheme(path) != 'gs':
-    storage.filesystem(path)     # an fsspec protocol without its package: named by filesystem()
+  if paths.scheme(path) != 'gs':
+    clients.filesystem(path)     # an fsspec protocol without its package: named by filesystem()
     return
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
   from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
-  storage_names.check_bucket(path)    # a name no bucket can have is not one to create
+  names.check_bucket(path)    # a name no bucket can have is not one to create
   if write:                            # a folder written to: names every client carries as is
-    storage_names.check_folder(path)
+    names.check_folder(path)
   bucket, name = _bucket_and_name(path)
   try:
     client = _gcs_client()
     b = client.bucket(bucket)
-    found = b.exists(timeout=storage.REACH_TIMEOUT_S,
-                     retry=retry.DEFAULT_RETRY.with_timeout(storage.REACH_TIMEOUT_S))
+    found = b.exists(timeout=REACH_TIMEOUT_S,
+                     retry=retry.DEFAULT_RETRY.with_timeout(REACH_TIMEOUT_S))
   except exceptions.Forbidden:
     found = True          # may not read the bucket's metadata; the probe below decides
   except Exception as e:  # pylint: disable=broad-except
-    raise StorageError(storage._explain(path, 'reach', e)) from e
+    raise StorageError(clients.explain(path, 'reach', e)) from e
   if not found:
     raise StorageError(
         f'The bucket gs://{bucket} of {path} does not exist. Create it (gcloud storage buckets '
@@ -152,10 +157,10 @@ def check_reachable(path: str, *, write: bool):
 
 def check_folder(path: str, what: str = 'a run directory or output folder'):
   """A one-paragraph StorageError if the gs:// folder `path` has a bucket GCS cannot have or a
-  name some client would not carry unchanged (storage_names.py: `#`, `?`, `%` ...); nothing for
+  name some client would not carry unchanged (names.py: `#`, `?`, `%` ...); nothing for
   a local path. Readers of a run check it too: orbax would read another folder's arrays."""
-  if storage.scheme(path) == 'gs':
-    storage_names.check_folder(path, what)
+  if paths.scheme(path) == 'gs':
+    names.check_folder(path, what)
 
 
 def check_writable(directory: str, what: str, fix: str):
@@ -163,12 +168,12 @@ def check_writable(directory: str, what: str, fix: str):
   `directory` (created if missing): a read-only filesystem, a full disk, no permission. Found by
   writing and removing a probe file, before the work that would write there. Remote paths: the
   bucket check (check_reachable)."""
-  if storage.is_remote(directory):
+  if paths.is_remote(directory):
     check_reachable(directory, write=True)
     return
   try:
-    os.makedirs(storage._local(directory), exist_ok=True)
-    fd, probe = tempfile.mkstemp(prefix='.write_probe.', dir=storage._local(directory))
+    os.makedirs(paths.local(directory), exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix='.write_probe.', dir=paths.local(directory))
     os.close(fd)
     os.remove(probe)
   except OSError as e:

@@ -1,8 +1,8 @@
 """Which gs:// paths a run can live under: GCS's bucket-naming rules, and the object names every
 client on the way (gcsfs, google-cloud-storage, tensorstore under orbax) carries unchanged.
 
-    storage_names.check_bucket('gs://b/run')              # StorageError: not a bucket name
-    storage_names.check_folder('gs://bkt/runs/run#1')     # StorageError: '#' ...
+    storage.names.check_bucket('gs://b/run')              # StorageError: not a bucket name
+    storage.names.check_folder('gs://bkt/runs/run#1')     # StorageError: '#' ...
 
 Why a folder is refused before anything is written there (issue 50): orbax hands tensorstore
 its array paths as URLs, and tensorstore reads a `#` or `?` as the start of a URL's fragment or

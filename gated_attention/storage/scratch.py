@@ -1,9 +1,9 @@
 """Local temporary folders of one process: TensorBoard's event files and the libraries' logs of a
 run on object storage (copied there whole), an export's or an import's files on their way.
 
-    local = scratch.make('gated_attention_logs_')    # removes the folders of dead processes first
+    local = storage.scratch.make('gated_attention_logs_')  # sweeps dead processes' folders first
     ...
-    scratch.remove(local)
+    storage.scratch.remove(local)
 
 A process removes its folders when it ends normally; a kill -9 (or a hard exit on a stalled
 endpoint) used to leave them in /tmp for good (issue 50). Each folder holds an owner file that
