@@ -1,4 +1,4 @@
-"""The per-step cost of agreeing on a stop in a multi-process run (training/interrupt.py).
+"""The per-step cost of agreeing on a stop in a multi-process run (cluster/stop.py).
 
 Two jax.distributed processes on this machine (2 CPU devices each, gloo) train the default
 config's model (configs/g1_elementwise.py, `tiny`) on its data, in blocks of `--steps` steps:
@@ -37,19 +37,18 @@ def _worker(process_id: int, port: int, steps: int, rounds: int, out: str):
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from gated_attention.configs import g1_elementwise  # pylint: disable=g-import-not-at-top
-  from gated_attention import distributed, input_pipeline, sharding  # pylint: disable=g-import-not-at-top
+  from gated_attention import cluster, input_pipeline, sharding  # pylint: disable=g-import-not-at-top
   from gated_attention.training import train  # pylint: disable=g-import-not-at-top
-  from gated_attention.training.interrupt import _Agreement  # pylint: disable=g-import-not-at-top
   c = g1_elementwise.get_config('tiny')
   c.distributed.update(coordinator_address=f'127.0.0.1:{port}', num_processes=2,
                        process_id=process_id)
-  distributed.initialize(c.distributed)
+  cluster.initialize(c.distributed)
   setup = train.Setup(c, sharding.build_mesh(c.mesh))
   data = input_pipeline.build_data(c.data, global_batch_size=c.train.batch_size, seed=c.seed,
                                    process_index=process_id, process_count=2)
   batches = [setup.global_batch(next(data.train_iter), whole=True) for _ in range(8)]
   params, opt = setup.init(c.seed)
-  agreement = _Agreement()
+  agreement = cluster.StopAgreement()
   times = {'with': [], 'without': []}
 
   def block(agree: bool) -> float:
@@ -80,7 +79,7 @@ def _worker(process_id: int, port: int, steps: int, rounds: int, out: str):
     with open(out, 'w') as f:
       json.dump({'seconds_per_step': times, 'median_ratio': ratio, 'steps': steps,
                  'rounds': rounds}, f, indent=1)
-  distributed.finish()
+  cluster.finish()
 
 
 def main(argv=None):

@@ -260,8 +260,8 @@ def dispatch(args: modes.Args, *, keep_logs_on_console: bool = False):
   if mode.needs_workdir and not args.workdir:
     sys.exit(f'--workdir is required for --mode={mode.name} (for example --workdir=runs/g1).')
   if mode.distributed:
-    from gated_attention import distributed  # pylint: disable=g-import-not-at-top
-    distributed.initialize(args.config.distributed)
+    from gated_attention import cluster  # pylint: disable=g-import-not-at-top
+    cluster.initialize(args.config.distributed)
   module = mode.load()
   if hasattr(module, 'check'):   # the mode's own checks of its arguments, before any work
     module.check(args)
@@ -275,12 +275,11 @@ def dispatch(args: modes.Args, *, keep_logs_on_console: bool = False):
   try:
     module.main(args)
   except Exception as e:
-    if mode.distributed:   # a lost process: its paragraph (liveness.py) rather than this error
-      from gated_attention import liveness  # pylint: disable=g-import-not-at-top
-      liveness.await_verdict(e)
+    if mode.distributed:   # a lost process: its paragraph (cluster/liveness.py), not this error
+      cluster.await_verdict(e)
     raise
   if mode.distributed:
-    distributed.finish()   # a multi-process run: the others stop watching this one's heartbeat
+    cluster.finish()   # a multi-process run: the others stop watching this one's heartbeat
 
 
 def _join(workdir: str, name: str) -> str:

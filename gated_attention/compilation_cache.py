@@ -22,7 +22,7 @@ _off = [False]   # a multi-process CPU run: never on
 
 
 def off_for_multiprocess_cpu() -> bool:
-  """Turns the persistent cache off in a multi-process run on CPU devices (distributed.py calls
+  """Turns the persistent cache off in a multi-process run on CPU devices (cluster/startup.py calls
   it once jax.distributed is up), whether config.compilation_cache or JAX_COMPILATION_CACHE_DIR
   asked for it: there, executables read back from the cache hang the processes in a collective
   (measured with jaxlib 0.10.2 and gloo: the evaluation's inspection pass, every time, with one

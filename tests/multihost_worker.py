@@ -110,7 +110,7 @@ def reference_val(c):
 
 
 def main():
-  from gated_attention import distributed  # pylint: disable=g-import-not-at-top
+  from gated_attention import cluster  # pylint: disable=g-import-not-at-top
   out = {}
   if MODE == 'reference':
     from gated_attention import sharding  # pylint: disable=g-import-not-at-top
@@ -123,7 +123,7 @@ def main():
   else:
     port, n, i = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
     c = config(port, n, i)
-    assert distributed.initialize(c.distributed)
+    assert cluster.initialize(c.distributed)
     assert (jax.process_count(), jax.process_index()) == (n, i)
     assert jax.device_count() == n * DEVICES and jax.local_device_count() == DEVICES
     out['cpu_collectives'] = str(jax.config.jax_cpu_collectives_implementation)

@@ -30,7 +30,7 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
 from gated_attention import input_pipeline
-from gated_attention import liveness, storage
+from gated_attention import cluster, storage
 from gated_attention.runs import rundir
 from gated_attention.runs import checkpoint as ckpt_lib
 from tests.pod import HEARTBEAT, OVERRIDES, Pod
@@ -158,7 +158,7 @@ def test_two_processes_through_signals_and_lost_processes(reference, env, tmp_pa
   codes = pod.wait(LOST_BOUND)
   _report('kill -9 of process 1 mid-step', codes)
   (code0, took0), (code1, _) = codes
-  assert code1 == -signal.SIGKILL and code0 == liveness.EXIT_LOST_PROCESS, pod.tails()
+  assert code1 == -signal.SIGKILL and code0 == cluster.EXIT_LOST_PROCESS, pod.tails()
   text = pod.text(0)
   assert 'Process 0 of 2 stops: process 1 sent no heartbeat for 4 s' in text, text[-2000:]
   assert 'run the same command on every host again and it resumes from step' in text
@@ -246,7 +246,7 @@ def test_elastic_resumption_and_four_processes(reference, env, tmp_path):
   assert codes[2][0] == -signal.SIGKILL, pod.tails()
   for i in (0, 1, 3):   # every survivor: one paragraph, exit 75 (or JAX's abort once 0 is gone)
     assert codes[i][0] != 0 and codes[i][1] < LOST_BOUND, (i, codes, pod.tails())
-  assert codes[0][0] == liveness.EXIT_LOST_PROCESS
+  assert codes[0][0] == cluster.EXIT_LOST_PROCESS
   assert 'process 2 sent no heartbeat' in pod.text(0), pod.text(0)[-2000:]
   stop = finished(workdir)[-1]
 
@@ -283,7 +283,7 @@ def test_two_processes_on_object_storage(reference, env, gcs, tmp_path):
   pod.kill(1)
   codes = pod.wait(LOST_BOUND)
   _report('gs://, kill -9 of process 1', codes)
-  assert codes[0][0] == liveness.EXIT_LOST_PROCESS, pod.tails()
+  assert codes[0][0] == cluster.EXIT_LOST_PROCESS, pod.tails()
   assert set(before) <= set(finished(pod.workdir))
   assert [c for c, _ in pod.run()] == [0, 0], pod.tails()
   assert losses(pod.workdir) == ref_losses

@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from gated_attention.config import scales
-from gated_attention import distributed, sharding
+from gated_attention import cluster, sharding
 from gated_attention.compile import memory
 from gated_attention.training import train
 from gated_attention.model import transformer as model_lib
@@ -286,7 +286,7 @@ def test_memory_report_in_process_small_config_and_mesh():
 
 
 # ----------------------------------------------------------------------------------------------
-# distributed.
+# cluster: process start-up.
 
 
 def test_distributed_is_a_no_op_for_one_process_and_checks_the_config(monkeypatch):
@@ -294,20 +294,20 @@ def test_distributed_is_a_no_op_for_one_process_and_checks_the_config(monkeypatc
             'MEGASCALE_COORDINATOR_ADDRESS', 'TPU_WORKER_HOSTNAMES'):
     monkeypatch.delenv(v, raising=False)
   cfg = scales.get_config('tiny').distributed
-  assert distributed.launcher() is None
-  assert distributed.initialize(cfg) is False
+  assert cluster.launcher() is None
+  assert cluster.initialize(cfg) is False
   monkeypatch.setenv('SLURM_NTASKS', '1')
   monkeypatch.setenv('SLURM_STEP_ID', '0')
-  assert distributed.launcher() is None   # a one-task SLURM job is a single process
+  assert cluster.launcher() is None   # a one-task SLURM job is a single process
   monkeypatch.setenv('SLURM_NTASKS', '16')
-  assert distributed.launcher() == 'slurm'
+  assert cluster.launcher() == 'slurm'
   monkeypatch.delenv('SLURM_NTASKS')
   monkeypatch.setenv('TPU_WORKER_HOSTNAMES', 'host-0,host-1')
-  assert distributed.launcher() == 'tpu'
+  assert cluster.launcher() == 'tpu'
   bad = scales.get_config('tiny').distributed
   bad.coordinator_address = 'localhost:1234'
   with pytest.raises(ValueError, match='num_processes'):
-    distributed.initialize(bad)
+    cluster.initialize(bad)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -239,14 +239,14 @@ class LongContext:
 
 @dataclasses.dataclass(frozen=True)
 class Distributed:
-  """distributed: how the processes of a multi-host run find each other (distributed.py)."""
+  """distributed: how the processes of a multi-host run find each other (cluster/startup.py)."""
   coordinator_address: str = ''  # empty: from the environment (or single process)
   num_processes: int = 0
   process_id: int = -1
   local_device_ids: str = ''    # comma-separated local device ids of this process ('' = all)
   initialization_timeout: int = 300  # seconds to wait for every process to join
   heartbeat_timeout: int = 100  # seconds without a heartbeat after which a process counts as
-                                # lost: the others print what happened and exit (distributed.py)
+                                # lost: the others print what happened and exit (cluster/)
   shutdown_timeout: int = 300   # seconds the processes wait for each other at the end of a run
 
 

@@ -315,7 +315,7 @@ class Checkpointer:
 
   def last_committed_step(self) -> int | None:
     """The newest step this process knows to be written, from memory alone (it never waits
-    on the storage: liveness.py asks it from another thread while a collective hangs)."""
+    on the storage: cluster/liveness.py asks it from another thread while a collective hangs)."""
     if self._issued is not None and not self.manager.is_saving_in_progress():
       return self._issued
     return self._committed

@@ -9,16 +9,10 @@ multi-process run every process stops after the same step.
 
 One process: the first signal stops the loop before its next step (as it always did).
 
-Several processes: a signal reaches each host on its own (a maintenance event, a preemption
-notice, SLURM's --signal), seconds apart or not at all. A process that stopped alone would leave
-the others in a collective it never joins, and both hang. So every step carries each process's
-signal (0: none) on each of its devices into the step's own program, which gathers them to every
-device (Setup.train_step_with_flags); after each step the loop reads the flags of the step `lag`
-steps back: the same step on every process, so they all see the same values, stop after the same
-step and all save. (A program of its own for the flags deadlocked: on a CPU it can run beside the
-step, and their collectives interleave differently on two processes.) The cost: a few bytes a
-step and a read that waits for a step `lag` steps old, while the devices run the newer ones
-(benchmarks/stop_agreement.py).
+Several processes: a signal reaches each host on its own, and a process that stopped alone would
+leave the others in a collective it never joins. Every step then carries each process's signal
+to every process (the stop agreement, cluster/stop.py), and all of them stop after the same step
+and save.
 
 Bounds, for every process count: a second signal exits at once (status 128 + signal), and a
 process still running `stop_timeout` seconds after its first signal exits with status 124 and one
@@ -27,47 +21,18 @@ Both work while the main thread is blocked in C++ (a collective, a storage call)
 runs no signal handler: a thread reads the signals from `signal.set_wakeup_fd`'s pipe.
 """
 
-import collections
 import os
 import signal
 import threading
 
 import jax
-import numpy as np
 
+from gated_attention import cluster
 from gated_attention import console
 
 EXIT_STOP_TIMEOUT = 124   # as timeout(1)
 DEFAULT_STOP_TIMEOUT = 300
-LAG = 2                   # loop turns between posting a signal and reading the agreed value
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-class _Agreement:
-  """Every device's stop flag, carried through the training step, read `lag` steps later."""
-
-  def __init__(self, lag: int = LAG):
-    self._lag, self._queue = lag, collections.deque()
-
-  def flags(self, signum: int | None, setup) -> jax.Array:
-    """This process's flag on each of its devices of `setup`'s mesh: the step's extra input."""
-    local = np.full((len(setup.mesh.local_devices),), signum or 0, np.int32)
-    return jax.make_array_from_process_local_data(setup.flags_sharding, local)
-
-  def push(self, gathered: jax.Array, setup):
-    """The step's output: every device's flag, in the mesh's device order."""
-    owners = [d.process_index for d in setup.mesh.devices.flat]
-    self._queue.append((gathered, owners))
-
-  def decided(self) -> tuple[int, list[int]] | None:
-    """(signal, the processes that received one) once the flags `lag` steps old hold one."""
-    if len(self._queue) <= self._lag:
-      return None
-    gathered, owners = self._queue.popleft()
-    values = np.asarray(jax.device_get(gathered))
-    if not values.any():
-      return None
-    return int(values.max()), sorted({owners[i] for i in np.flatnonzero(values)})
 
 
 def _say(text: str):
@@ -77,12 +42,12 @@ def _say(text: str):
 class Interrupt:
   """SIGTERM / SIGINT handlers of a training run (see the module doc); `restore()` at the end."""
 
-  def __init__(self, stop_timeout: float = DEFAULT_STOP_TIMEOUT, *, lag: int = LAG):
+  def __init__(self, stop_timeout: float = DEFAULT_STOP_TIMEOUT, *, lag: int = cluster.LAG):
     self.signal = None          # this process's first signal
     self.agreed = None          # (signal, processes that received one): every process stops
     self.stop_timeout = float(stop_timeout)
     self._me, self._count = jax.process_index(), jax.process_count()
-    self._agreement = _Agreement(lag) if self._count > 1 else None
+    self._agreement = cluster.StopAgreement(lag) if self._count > 1 else None
     self._received = 0
     self._done = threading.Event()
     self._old = {s: signal.signal(s, self._handle) for s in SIGNALS}

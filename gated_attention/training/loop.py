@@ -29,7 +29,8 @@ import time
 
 import jax
 
-from gated_attention import compilation_cache, liveness
+from gated_attention import cluster
+from gated_attention import compilation_cache
 from gated_attention.analysis import goodput as goodput_lib
 from gated_attention.errors import UserError
 from gated_attention.runs import rundir as workdir_lib
@@ -334,7 +335,7 @@ def run(config, workdir: str, on_finish=None) -> dict:
       early.restore()
     raise
   state.progress.write(describe_run(state))
-  liveness.hint = lambda: _resume_hint(state)
+  cluster.liveness.hint = lambda: _resume_hint(state)
   interrupt = early or Interrupt(config.train.stop_timeout)
   try:
     account.begin(workdir, state.step)
@@ -346,7 +347,7 @@ def run(config, workdir: str, on_finish=None) -> dict:
     close_run(state, raise_errors=False)
     account.finish(state.step, 'failed')
     interrupt.restore()
-    liveness.hint = None
+    cluster.liveness.hint = None
     raise
   close_run(state)
   memory = device_memory()
@@ -357,7 +358,7 @@ def run(config, workdir: str, on_finish=None) -> dict:
          + (f' of {memory["memory_limit_gib"]:.2f} GiB' if 'memory_limit_gib' in memory else '')
          + '.')
   interrupt.restore()
-  liveness.hint = None
+  cluster.liveness.hint = None
   if (on_finish is not None and not interrupt.stopped
       and state.step == config.train.steps == workdir_lib.latest_step(workdir)):
     on_finish(Finished(workdir, state.step, state.params, state.setup, state.data))
@@ -366,7 +367,7 @@ def run(config, workdir: str, on_finish=None) -> dict:
 
 def _resume_hint(run: Run) -> str:
   """What running the command again does, as far as this process knows without asking the
-  storage (liveness.py prints it from another thread when a process is lost)."""
+  storage (cluster/liveness.py prints it from another thread when a process is lost)."""
   step = run.checkpointer.last_committed_step()
   return (f'it resumes from step {step}' if step is not None
           else 'it resumes from its latest checkpoint')

@@ -16,7 +16,7 @@ sees it first publishes what it saw, and every process prints
 
 and exits with status 75 (EX_TEMPFAIL), within timeout + 2 x interval of the loss. Process 0
 holds the store, so it lingers two intervals for the others to read the news before it exits.
-jax.distributed's own timeout is set to 2 x timeout + 10 s (distributed.py), the backstop.
+jax.distributed's own timeout is set to 2 x timeout + 10 s (startup.py), the backstop.
 
 Not covered: the loss of process 0 itself. The others' JAX clients lose the coordinator the
 moment its connection drops and abort at once (docs/faults.md: which lines to look for).

@@ -1,20 +1,5 @@
-"""Multi-host start-up: jax.distributed from the config or the usual environment variables.
-
-One process per host (TPU VM, GPU node) or per GPU; every process runs the same command. What
-happens in a multi-process run, and where:
-  - start-up: `initialize` (here), before anything touches a JAX device;
-  - the mesh spans every process's devices (sharding.build_mesh; config.mesh.dcn_data puts the
-    data axis across slices / hosts);
-  - data: each process reads its own shard (input_pipeline.build_data with process_index /
-    process_count) and `train.Setup.global_batch` assembles the global array from the
-    process-local rows;
-  - logs: only process 0 writes metrics and prints (loop.MetricsWriter, loop.Progress);
-  - checkpoints: orbax writes every process's shards of the arrays, process 0 the metadata, with
-    barriers between them; each process saves its own data-iterator state.
-  - a stop signal (SIGTERM, Ctrl-C) reaching any process stops every process after the same step
-    (training/interrupt.py), and they all save;
-  - a lost process (its heartbeat missed for distributed.heartbeat_timeout seconds) stops the
-    others with one paragraph and exit status 75 (liveness.py) instead of a hang in a collective.
+"""Process start-up: jax.distributed from the config or the usual environment variables, once,
+before anything touches a JAX device (the design of a multi-process run: cluster/__init__.py).
 
 Sources, first match wins:
   1. config.distributed.coordinator_address (+ num_processes and process_id);
@@ -30,7 +15,8 @@ import os
 import jax
 from jax._src import distributed as jax_distributed_impl
 
-from gated_attention import compilation_cache, liveness
+from gated_attention import compilation_cache
+from gated_attention.cluster import liveness
 from gated_attention.errors import ConfigError
 
 DEFAULT_HEARTBEAT_TIMEOUT = 100   # seconds (JAX's default)
