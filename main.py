@@ -1,4 +1,5 @@
-"""Train, inspect and compare gated-attention models.
+"""Train, inspect and compare gated-attention models: `python main.py --help` lists the modes
+(one line each), the common flags and examples; `--mode=MODE --help`, that mode's flags.
 
   python main.py --config=configs/g1_elementwise.py --workdir=runs/g1             # train (tiny)
   python main.py --config=configs/g1_elementwise.py:moe_15a2b --mode=params       # parameter counts

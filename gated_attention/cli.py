@@ -299,9 +299,108 @@ def _resolved_argv(argv: list[str]) -> list[str]:
   return out
 
 
+# ----------------------------------------------------------------------------------------------
+# --help: the modes, one line each, and the common flags (absl's own list is --helpfull)
+
+EXAMPLES = (
+    ('train the default (G1 elementwise, tiny, CPU)',
+     'main.py --config=configs/g1_elementwise.py --workdir=runs/g1'),
+    ('another variant and scale, with overrides',
+     'main.py --config=configs/baseline.py:moe_tiny --workdir=runs/b --config.train.steps=2000'),
+    ('the resolved config of that command',
+     'main.py --mode=config --config=configs/baseline.py:moe_tiny --config.train.steps=2000'),
+    ('three seeds as one program', 'main.py --config=configs/g1_headwise.py '
+     '--workdir=runs/hw_s{seed} --seeds=0,1,2'),
+    ('analyse a run, then compare runs', 'main.py --mode=analyze --workdir=runs/g1 && '
+     'python main.py --mode=compare runs/baseline runs/g1'),
+    ('a weighted mixture of two text corpora', 'main.py --workdir=runs/mix '
+     '--config.data.mixture="{\'a\': {\'weight\': 0.7, \'source\': \'text\', \'path\': '
+     '\'a/*.txt\'}, \'b\': {\'weight\': 0.3, \'source\': \'text\', \'path\': \'b/*.txt\'}}"'),
+    ('tokenize once for data.source=tokenized', 'main.py --mode=tokenize '
+     '--config.data.source=jsonl --config.data.path="data/*.jsonl" --out=tokens/corpus'),
+    ('a pod: the grad_accum that fits, found on the devices',
+     'main.py --config=configs/g1_elementwise.py:dense_1p7b_28l --workdir=gs://B/runs/g1 '
+     '--config.train.grad_accum=auto ...'),
+    ('import a released model, continue a text', 'main.py --mode=import --hf=/data/1B_gate_headwise '
+     '--workdir=runs/hf_hw && python main.py --mode=sample --workdir=runs/hf_hw --prompt="The"'),
+)
+COMMON_FLAGS = (
+    ('--mode=MODE', 'what to do (above; default train)'),
+    ('--config=FILE[:SCALE]', f'a variant file and its scale (default {DEFAULT_CONFIG}:tiny); '
+     'the variants are configs/*.py, the scales tiny, moe_tiny, dense_90m, dense_1p7b_28l, '
+     'dense_1p7b_48l, moe_15a2b'),
+    ('--config.SECTION.FIELD=V', 'override any field of the config (gated_attention/config/'
+     'schema.py lists them; --mode=config prints the result)'),
+    ('--workdir=DIR', 'the run directory, local or gs:// (train, analyze, export, sample, '
+     'long_context, import; config: a run\'s own config)'),
+    ('--verbosity=1', 'the libraries\' logs on the console, and tracebacks with errors'),
+)
+
+
+def usage(mode_name: str | None = None) -> str:
+  """`--help`: the modes with one line each, the common flags and examples; with --mode=NAME,
+  that mode's own flags in full."""
+  width = 100
+  fill = lambda text, indent: textwrap.fill(text, width, initial_indent=indent,  # noqa: E731
+                                            subsequent_indent=' ' * len(indent))
+  out = ['Train, inspect and compare gated-attention models (Qiu et al., NeurIPS 2025).', '',
+         'usage: python main.py [--mode=MODE] [--config=configs/<variant>.py[:<scale>]] '
+         '[--workdir=DIR]', '                      [--config.<section>.<field>=VALUE ...] '
+         '[flags of the mode]', '', 'Modes (--mode=):']
+  for m in modes.MODES.values():
+    out.append(f'  {m.name:<13}{m.help}')
+  out += ['', 'Common flags:']
+  for flag, text in COMMON_FLAGS:
+    out.append(fill(text, f'  {flag:<27}'))
+  chosen = modes.MODES.get(mode_name) if mode_name else None
+  if chosen is not None:
+    out += ['', f'Flags of --mode={chosen.name}:' if chosen.flags else
+            f'--mode={chosen.name} takes no flags of its own.']
+    for name in chosen.flags:
+      f = modes.FLAGS[name]
+      default = '' if f.default in (None, [], False, '') else f' (default {f.default})'
+      out.append(fill(f'{f.help}{default}', f'  --{name:<25}'))
+  else:
+    out += ['', 'Flags of the modes (python main.py --mode=MODE --help explains each):']
+    for name in modes.FLAGS:
+      out.append(fill(', '.join(modes.modes_taking(name)), f'  --{name:<25}'))
+  out += ['', 'Examples:']
+  for what, command in EXAMPLES:
+    out += [f'  # {what}', f'  python {command}']
+  out += ['', 'More: README.md (the modes, the guides by task), docs/training.md; every flag '
+          'with absl\'s: --helpfull.']
+  return '\n'.join(out)
+
+
+def _help_wanted(argv: list[str]) -> str | None:
+  """'help' for --help / -h / --helpshort, 'full' for --helpfull, else None."""
+  for a in argv:
+    if a in ('--help', '-h', '--helpshort', '-?'):
+      return 'help'
+    if a == '--helpfull':
+      return 'full'
+  return None
+
+
+def _mode_in(argv: list[str]) -> str | None:
+  for i, a in enumerate(argv):
+    if a.startswith('--mode='):
+      return a[len('--mode='):]
+    if a == '--mode' and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
 def run():
   """The entry point: `python main.py ...` and the `gated-attention` console command."""
   sys.argv = _resolved_argv(sys.argv)
+  wanted = _help_wanted(sys.argv[1:])
+  if wanted == 'help':
+    print(usage(_mode_in(sys.argv[1:])))
+    sys.exit(0)
+  if wanted == 'full':                 # absl's list of every flag (its own exits with status 1)
+    print(usage(_mode_in(sys.argv[1:])) + '\n\nEvery flag (absl):\n' + FLAGS.get_help())
+    sys.exit(0)
   import signal  # pylint: disable=g-import-not-at-top
   if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # the console command
     signal.signal(signal.SIGINT, _stop_now)

@@ -70,9 +70,74 @@ def test_a_flag_the_mode_does_not_take_is_one_paragraph(tmp_path, argv, match):
 def test_help_names_the_modes_of_each_flag(tmp_path):
   rc, text = main_py(tmp_path, '--helpfull')
   flat = ' '.join(text.split())
-  assert rc == 1 and 'Error' not in text, text     # absl's help exits with status 1
+  assert rc == 0 and 'Error' not in text, text     # absl's own --helpfull exits with status 1
   assert '--mode=analyze, export, sample, long_context: which checkpoint' in flat, text
   assert '--mode=sample: a prompt (repeat for a batch).' in flat
+
+
+@pytest.mark.parametrize('flag', ['--help', '-h'])
+def test_help_lists_every_mode_in_one_line_and_the_common_flags(tmp_path, flag):
+  rc, text = main_py(tmp_path, flag)
+  assert rc == 0 and 'Error' not in text, text
+  lines = text.splitlines()
+  start = lines.index('Modes (--mode=):')
+  rows = lines[start + 1:start + 1 + len(modes.MODES)]
+  assert [r.split()[0] for r in rows] == list(modes.MODES), rows
+  for row, m in zip(rows, modes.MODES.values()):     # one line each: the mode's whole help
+    assert row.split(None, 1)[1] == m.help
+  for common in ('--config=FILE[:SCALE]', '--config.SECTION.FIELD=V', '--workdir=DIR',
+                 '--mode=MODE'):
+    assert any(line.startswith(f'  {common} ') for line in lines), common
+  for name in modes.FLAGS:                           # and which modes take each mode flag
+    assert any(line.split()[:1] == [f'--{name}'] for line in lines), name
+  assert '--seeds' in text and 'data.mixture' in text and '--mode=tokenize' in text
+
+
+def test_help_of_a_mode_explains_its_flags(tmp_path):
+  rc, text = main_py(tmp_path, '--mode=sample', '--help')
+  flat = ' '.join(text.split())
+  assert rc == 0, text
+  assert 'Flags of --mode=sample:' in text
+  assert '--prompt a prompt (repeat for a batch).' in flat
+  assert '--max_new_tokens tokens to generate per prompt. (default 128)' in flat
+
+
+def test_config_mode_prints_the_resolved_config(tmp_path):
+  """A new run's config with the overrides applied (JSON on stdout, notes on stderr); a bad
+  value is refused as a run would refuse it."""
+  rc, text = main_py(tmp_path, '--mode=config', '--config=configs/g1_headwise.py:moe_tiny',
+                     '--config.train.steps=37', '--config.train.grad_accum=auto',
+                     '--config.data.seq_len=64')
+  assert rc == 0, text
+  body = text[text.index('{'):text.rindex('}') + 1]
+  import json  # pylint: disable=g-import-not-at-top
+  config = json.loads(body)
+  assert config['variant'] == 'g1_headwise' and config['scale'] == 'moe_tiny'
+  assert config['train']['steps'] == 37 and config['train']['grad_accum'] == 'auto'
+  assert config['data']['seq_len'] == 64 and config['model']['moe']['num_experts'] == 8
+  assert 'Checked: the schema, the model, the loop' in text
+  rc, text = main_py(tmp_path, '--mode=config', '--config.model.num_heads=3')
+  assert rc == 1 and 'config.model.num_heads: 3 must be a multiple of num_kv_heads=2' in text
+  rc, text = main_py(tmp_path, '--mode=config', '--config.train.stepz=3')
+  assert rc == 1 and 'Did you mean "steps" instead of "stepz"' in ' '.join(text.split())
+
+
+def test_config_mode_of_a_run_directory(tmp_path):
+  """--workdir of a run without --config: its saved config with the overrides, as --mode=train
+  would resume it; with another --config, what the run would refuse is named."""
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  hf = os.path.join(os.path.dirname(__file__), 'fixtures', 'hf', 'elementwise_tied')
+  run = str(tmp_path / 'imported')
+  interop.import_run(hf, run)
+  rc, text = main_py(tmp_path, '--mode=config', f'--workdir={run}', '--config.train.steps=11')
+  assert rc == 0, text
+  assert f'No --config given: continuing with the saved config of {run}' in text
+  assert '"steps": 11' in text and '"variant": "g1_elementwise"' in text
+  rc, text = main_py(tmp_path, '--mode=config', f'--workdir={run}',
+                     '--config=configs/baseline.py')
+  assert rc == 0, text
+  assert '--mode=train would refuse to continue it with this one' in text
+  assert "model.gate.position: saved 'g1', now 'none'" in text, text
 
 
 def test_step_opens_that_checkpoint_or_names_those_there_are(tmp_path):

@@ -114,19 +114,19 @@ class Mode:
 
 
 MODES = {m.name: m for m in (
-    Mode('train', 'trains in --workdir, resuming from its latest checkpoint; SIGTERM / Ctrl-C '
-         'saves and exits', flags=('seeds', 'analyze'), needs_workdir=True, distributed=True,
+    Mode('train', 'trains in --workdir (resumes from its latest checkpoint; SIGTERM / Ctrl-C '
+         'saves)', flags=('seeds', 'analyze'), needs_workdir=True, distributed=True,
          writes_run=True),
-    Mode('params', 'one JSON object: total, active (per token), embedding and per-module '
-         'parameter counts'),
+    Mode('params', 'total, active (per token), embedding and per-module parameter counts '
+         '(JSON)'),
     Mode('analyze', 'attention sink, massive activations, gate scores and sparsity of a run\'s '
          'checkpoint', flags=('step', 'out'), needs_workdir=True, distributed=True),
-    Mode('compare', 'main.py --mode=compare RUN1 RUN2 ...: the paper\'s table and figures for '
-         'several runs', flags=('out',), takes_runs=True),
-    Mode('memory', 'per-device bytes of parameters, optimizer state and activations for a scale '
-         'and mesh (or --mode=long_context\'s evaluation)', flags=('fit_grad_accum', 'plan')),
-    Mode('compile', 'ahead-of-time compilation of the train step for a TPU topology '
-         '(--topology=v5p:4x4x4), or of --mode=long_context\'s scoring step',
+    Mode('compare', 'RUN1 RUN2 ... (positional): the paper\'s table and figures for several '
+         'runs', flags=('out',), takes_runs=True),
+    Mode('memory', 'per-device bytes of parameters, optimizer state, activations (an '
+         'estimate, no compile)', flags=('fit_grad_accum', 'plan')),
+    Mode('compile', 'the train step compiled ahead of time for a TPU slice '
+         '(--topology=v5p:4x4x4)',
          flags=('topology', 'fit_grad_accum', 'plan'),
          module='gated_attention.modes.compile_aot'),
     Mode('import', 'a Hugging Face model directory (--hf=DIR) -> a run directory', flags=('hf',),
@@ -135,11 +135,13 @@ MODES = {m.name: m for m in (
          flags=('out', 'step', 'export_dtype', 'max_shard_size', 'remote_code_dir'),
          needs_workdir=True, module='gated_attention.modes.hf_export'),
     Mode('sample', 'continues --prompt texts with a run\'s checkpoint (KV cache; greedy or '
-         'nucleus sampling)', flags=('prompt', 'max_new_tokens', 'temperature', 'top_p',
+         'nucleus)', flags=('prompt', 'max_new_tokens', 'temperature', 'top_p',
                                      'sample_seed', 'step'),
          needs_workdir=True, distributed=True),
     Mode('long_context', 'loss by position and RULER-style retrieval beyond the training length',
          flags=('step',), needs_workdir=True, distributed=True),
-    Mode('tokenize', 'tokenizes data.source once into sharded ArrayRecord files of token ids '
-         'in --out (local or gs://), for data.source=tokenized; resumable', flags=('out',)),
+    Mode('tokenize', 'data.source tokenized once into ArrayRecord shards in --out, for '
+         'data.source=tokenized', flags=('out',)),
+    Mode('config', 'prints the resolved config (overrides applied and checked): a new run\'s, '
+         'or --workdir\'s', module='gated_attention.modes.show_config'),
 )}

@@ -15,9 +15,9 @@ from gated_attention.training import loop
 from gated_attention.training import seeds
 
 
-def train_config(args, workdir: str | None = None):
+def train_config(args, workdir: str | None = None, say=None):
   """The --config given; without one, the saved config of a workdir that holds a run (`workdir`,
-  default --workdir), with the command line's overrides."""
+  default --workdir), with the command line's overrides (`say` tells which: print)."""
   workdir = workdir or args.workdir
   saved = storage.join(workdir, rundir.CONFIG_FILE)
   if args.config_given or not storage.isfile(saved):
@@ -25,9 +25,9 @@ def train_config(args, workdir: str | None = None):
   resumed = rundir.read_config(workdir)
   resumed.update_from_flattened_dict(dict(args.overrides))
   overrides = args.overrides
-  print(f'No --config given: continuing with the saved config of {workdir} '
-        f'({resumed.variant}:{resumed.scale}{", with overrides " if overrides else ""}'
-        f'{", ".join(f"{k}={v}" for k, v in overrides.items())}).', flush=True)
+  (say or print)(f'No --config given: continuing with the saved config of {workdir} '
+                 f'({resumed.variant}:{resumed.scale}{", with overrides " if overrides else ""}'
+                 f'{", ".join(f"{k}={v}" for k, v in overrides.items())}).')
   return resumed
 
 

@@ -185,6 +185,9 @@ def check_train_config(cfg, batch_shards: int, mesh_shape: dict):
                       'its devices (training/grad_accum.py); here give a number: '
                       '--config.train.grad_accum=N (--mode=memory or --mode=compile with '
                       '--fit_grad_accum finds one).')
+  if tc.batch_size < 1:
+    raise ConfigError(f'config.train.batch_size={tc.batch_size} must be at least 1 (sequences '
+                      'per step, over all devices).')
   if tc.grad_accum < 1 or tc.batch_size % tc.grad_accum:
     raise ConfigError(f'config.train.batch_size={tc.batch_size} must be divisible by '
                       f'config.train.grad_accum={tc.grad_accum} (>= 1).')
