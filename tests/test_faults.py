@@ -863,6 +863,49 @@ def test_disk_full_tmpfs_during_an_async_save(env, reference, small_disk, tmp_pa
   _resume_elsewhere(workdir, tmp_path, reference)
 
 
+@pytest.mark.slow
+def test_disk_full_tmpfs_while_a_metrics_row_is_written(env, reference, small_disk, tmp_path):
+  """Issue 57: the disk fills (another writer takes every free byte) once checkpoint 25 is
+  written; the rows after it fill the metrics file's last page and one row is cut short. The run
+  stops naming the full disk; with space again, the same command resumes from 25, cuts the torn
+  row off, and every line of metrics.jsonl parses, each row on its own line. Before: the torn row
+  stayed, a line that never parses, ended by a newline the next run wrote."""
+  del reference   # the compilation cache
+  workdir = os.path.join(small_disk, 'run')
+  cmd = main_cmd(workdir, **{'train.steps': 100, 'train.checkpoint_every': 25,
+                             'train.eval_every': 100, 'train.keep_checkpoints': 1})
+  filler = os.path.join(small_disk, 'filler')
+  with open(tmp_path / 'stdout', 'w') as out, open(tmp_path / 'stderr', 'w') as err:
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err)
+    ckpts, deadline = os.path.join(workdir, 'checkpoints'), time.time() + 300
+    while proc.poll() is None and time.time() < deadline and not (
+        os.path.isdir(os.path.join(ckpts, '25'))
+        and not any('tmp' in n for n in os.listdir(ckpts))):
+      time.sleep(0.005)
+    _fill(filler, leave=0)
+    proc.wait(timeout=300)
+  stderr = (tmp_path / 'stderr').read_text()
+  assert proc.returncode == 1, stderr
+  one_paragraph(stderr)
+  message = ' '.join(stderr.split())
+  assert re.search(r'Writing the metrics of step \d+ failed: OSError: \[Errno 28\] No space '
+                   'left on device.*run the same command again', message), message
+  with open(os.path.join(workdir, runs_lib.METRICS_FILE), 'rb') as f:
+    raw = f.read()
+  assert not raw.endswith(b'\n'), raw[-200:]          # a torn last row
+  assert steps_of(workdir)[-1] == 25
+  os.remove(filler)
+  done = run_main(cmd, env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert 'resuming at step 25' in done.stdout and 'ended in a torn row' in done.stdout
+  with open(os.path.join(workdir, runs_lib.METRICS_FILE), 'rb') as f:
+    lines = f.read().split(b'\n')
+  assert lines[-1] == b''
+  parsed = [json.loads(line) for line in lines[:-1]]    # every line parses
+  assert all(set(r) >= {'step', 'split'} for r in parsed)
+  assert sorted(rows(workdir)) == list(range(1, 101))
+
+
 # Nothing saved while spiking (issue 24) ---------------------------------------------------------
 
 HOT = {'train.learning_rate': 10, 'train.steps': 40, 'train.checkpoint_every': 5,

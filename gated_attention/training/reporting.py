@@ -4,6 +4,7 @@ throughput (tokens/s, achieved TFLOP/s, MFU on known chips). Only process 0 writ
 import json
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -41,17 +42,14 @@ def _quiet_tensorboard_thread():
 
 class _Appender:
   """A local run's metrics.jsonl: one line a row, appended and flushed at once. A last line left
-  half-written (a full disk, a kill) is ended first, so the next row is not glued onto it."""
+  torn (a disk that filled while a row was written, a kill) is cut off when the next run opens
+  the file (`repair_torn_tail`), so every line parses and no row is glued onto it."""
 
   def __init__(self, workdir: str):
     path = os.path.join(workdir, rundir.METRICS_FILE)
+    repair_torn_tail(path)
     # unbuffered: a write that fails (a full disk) leaves nothing behind for close() to retry
     self.file = open(path, 'ab', buffering=0)  # pylint: disable=consider-using-with
-    if self.file.tell() > 0:
-      with open(path, 'rb') as f:
-        f.seek(-1, os.SEEK_END)
-        if f.read(1) != b'\n':
-          self._write(b'\n')
 
   def _write(self, data: bytes):
     while data:
@@ -65,6 +63,43 @@ class _Appender:
 
   def close(self):
     self.file.close()
+
+
+def repair_torn_tail(path: str, say=None) -> int:
+  """Cuts a torn last line off a local metrics.jsonl (bytes after its last newline: a row whose
+  write a full disk or a kill cut short; issue 57: it stayed as a line that never parses, and
+  the next run's first row was written after it). Truncating needs no free space. The bytes
+  removed (0 if the file ends with a newline, is empty or is absent); `say` names them."""
+  try:
+    f = open(path, 'r+b')  # pylint: disable=consider-using-with
+  except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    return 0
+  with f:
+    end = f.seek(0, os.SEEK_END)
+    keep, block = end, 1 << 16
+    while keep > 0:
+      start = max(0, keep - block)
+      f.seek(start)
+      newline = f.read(keep - start).rfind(b'\n')
+      if newline >= 0:
+        keep = start + newline + 1
+        break
+      keep = start
+    if keep == end:
+      return 0
+    f.seek(keep)
+    torn = f.read(min(end - keep, 80))
+    f.truncate(keep)
+  step = re.match(rb'\{"step": (\d+)', torn)
+  (say or _say_now)(f'Note: {path} ended in a torn row ({end - keep} bytes'
+      f'{f" of step {int(step.group(1))}" if step else ""}: a write cut short by a full disk or '
+      'a kill); it was removed, so every line parses. The steps after the latest checkpoint are '
+      'trained and logged again.')
+  return end - keep
+
+
+def _say_now(text: str):
+  print(text, flush=True)
 
 
 class _Chunks:
