@@ -7,12 +7,13 @@
 The folder (local or gs://) holds
 
     train-00000-of-00012.arrayrecord ...   the training split's documents, in index order
-    train-00000-of-00012.json ...          its counts (documents, tokens) and the settings that
-                                           made it, written just before the shard is published
+    train-00000-of-00012.json ...          its counts (documents, tokens, bytes, crc32c) and the
+                                           settings that made it, written just before the shard
+                                           is published
     val-00000-of-00001.arrayrecord         the held-out split's (sources.split_documents)
     manifest.json                          written last: the source, the tokenizer (name, vocab,
-                                           BOS, fingerprint), the split, each shard's documents
-                                           and tokens
+                                           BOS, fingerprint), the split, each shard's documents,
+                                           tokens, bytes and crc32c
 
 One record is one document's token ids exactly as `tokenizer.encode_doc` gives them (BOS
 first), int32 little-endian; the files are written with 'group_size:1' (random access by record,
@@ -20,7 +21,8 @@ each record compressed on its own). Shard k of a split holds that split's docume
 [k n, (k + 1) n) with n = data.shard_documents, so the boundaries are known before anything is
 tokenized: the shards are independent (tokenized in parallel, one process per core; with one
 worker, in this process), and a rerun after a kill skips the shards already published and intact
-(their counts from their .json files, their size and record count checked: shard_checks.py) and
+(their counts from their .json files, their size, content checksum (crc32c) and record count
+checked: shard_checks.py) and
 writes the same bytes for the rest and for a damaged one. A shard is written to a local temporary
 file and published whole (renamed, or uploaded as one object), so a partial shard is never under its
 final name; a rerun removes a killed run's temporary files; the manifest appears only when every
@@ -133,10 +135,11 @@ def _add_progress(docs: int, tokens: int):
 
 
 def _write_shard(ids: np.ndarray, out: str, name: str, counts: dict,
-                 tmp_dir: str | None) -> tuple[str, int, int]:
+                 tmp_dir: str | None) -> tuple[str, int, int, int, str]:
   """Tokenizes documents `ids` into the shard `out`/`name`: written to a local temporary file,
   its counts file written, then the shard published whole (a rename, or one object upload), so a
-  shard under its final name is always complete and has its counts. (name, documents, tokens)."""
+  shard under its final name is always complete and has its counts. (name, documents, tokens,
+  bytes, crc32c)."""
   from array_record.python import array_record_module as ar  # pylint: disable=g-import-not-at-top
   docs, tokenizer = _WORKER['docs'], _WORKER['tokenizer']
   target = storage.join(out, name)
@@ -155,9 +158,10 @@ def _write_shard(ids: np.ndarray, out: str, name: str, counts: dict,
         step_docs = step_tokens = 0
     writer.close()
     nbytes = os.path.getsize(tmp)             # checked by a rerun and by training
+    checksum = storage.crc32c(tmp)            # so is the content (gs://: the object's own)
     storage.write(storage.join(out, counts_name(name)), json.dumps(
-        {'documents': len(ids), 'tokens': tokens, 'bytes': nbytes, **counts}, indent=1,
-        sort_keys=True))
+        {'documents': len(ids), 'tokens': tokens, 'bytes': nbytes, 'crc32c': checksum,
+         **counts}, indent=1, sort_keys=True))
     if tmp_dir:
       storage.upload_file(tmp, target)        # one object, uploaded once complete
     else:
@@ -166,7 +170,7 @@ def _write_shard(ids: np.ndarray, out: str, name: str, counts: dict,
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
-  return name, len(ids), tokens, nbytes
+  return name, len(ids), tokens, nbytes, checksum
 
 
 # --- the command -------------------------------------------------------------------------------
@@ -201,13 +205,14 @@ def tokenize(data_cfg, out: str, *, workers: int | None = None, progress: bool =
   counts = {'format': FORMAT, 'source': data_cfg.source, 'num_documents': len(docs),
             'val_fraction': float(data_cfg.val_fraction), 'shard_documents': per_shard,
             'tokenizer_fingerprint': tokenizer_fingerprint(tokenizer)}
-  have = shard_checks.sizes(out)               # name -> bytes
+  listed = shard_checks.listing(out)          # name -> (bytes, crc32c on gs://)
+  have = {name: size for name, (size, _) in listed.items()}
   for name in sorted(have):
     if _STALE.match(name):    # a killed run's unfinished file (local: a temporary name)
       storage.remove(storage.join(out, name))
   planned = [(shard_name(s, k, n), counts_name(shard_name(s, k, n)), len(ids))
              for s, k, n, ids in plan]
-  done, damaged = shard_checks.check_published(out, planned, have, counts)  # (docs, tokens, bytes)
+  done, damaged = shard_checks.check_published(out, planned, listed, counts)
   for name, why in sorted(damaged.items()):   # written again below, with the missing ones
     print(f'Warning: {storage.join(out, name)} is damaged ({why}); writing it again.',
           file=sys.stderr, flush=True)
@@ -236,8 +241,9 @@ def tokenize(data_cfg, out: str, *, workers: int | None = None, progress: bool =
   }
   for split, k, n, _ in plan:
     name = shard_name(split, k, n)
-    manifest['shards'][split].append({'name': name, 'documents': done[name][0],
-                                      'tokens': done[name][1], 'bytes': done[name][2]})
+    documents, tokens, nbytes, checksum = done[name]
+    manifest['shards'][split].append({'name': name, 'documents': documents, 'tokens': tokens,
+                                      'bytes': nbytes, 'crc32c': checksum})
   manifest['num_shards'] = {split: len(shards) for split, shards in manifest['shards'].items()}
   manifest['num_tokens'] = {split: sum(s['tokens'] for s in shards)
                             for split, shards in manifest['shards'].items()}
@@ -266,8 +272,8 @@ def _run(todo: list[tuple], docs: Documents, tokenizer: Tokenizer, out: str, cou
       finished, pending = concurrent.futures.wait(
           pending, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED)
       for future in finished:
-        name, n_docs, n_tokens, nbytes = future.result()
-        done[name] = (n_docs, n_tokens, nbytes)
+        name, *found = future.result()
+        done[name] = tuple(found)            # documents, tokens, bytes, crc32c
       with progress.get_lock():
         n_docs, n_tokens = progress[0], progress[1]
       bar.update(initial + n_docs - shown)
@@ -287,10 +293,9 @@ def _run_here(todo: list[tuple], docs: Documents, tokenizer: Tokenizer, out: str
   _WORKER.update(docs=docs, tokenizer=tokenizer, progress=None)
   try:
     for split, k, n, ids in todo:
-      name, n_docs, n_tokens, nbytes = _write_shard(ids, out, shard_name(split, k, n), counts,
-                                                    tmp_dir)
-      done[name] = (n_docs, n_tokens, nbytes)
-      bar.update(n_docs)
+      name, *found = _write_shard(ids, out, shard_name(split, k, n), counts, tmp_dir)
+      done[name] = tuple(found)              # documents, tokens, bytes, crc32c
+      bar.update(found[0])
   finally:
     _WORKER.clear()
     if tmp_dir:
@@ -361,7 +366,7 @@ class TokenDocuments(Documents):
     self._record = np.empty(self._n, np.int64)
     self._record[train_ids] = np.arange(len(train_ids))
     self._record[val_ids] = len(train_ids) + np.arange(len(val_ids))
-    listed = shard_checks.sizes(self.path)    # name -> bytes
+    listed = shard_checks.listing(self.path)  # name -> (bytes, crc32c on gs://)
     missing = [s['name'] for split in ('train', 'val') for s in m['shards'][split]
                if s['name'] not in listed]
     if missing:
@@ -369,7 +374,8 @@ class TokenDocuments(Documents):
                       f'({", ".join(missing[:3])}{", ..." if len(missing) > 3 else ""}); run the '
                       '--mode=tokenize command that wrote it again (it writes only what is '
                       'missing), or set --config.data.path to a complete folder.')
-    shard_checks.check_sizes(self.path, m['shards']['train'] + m['shards']['val'], listed)
+    shard_checks.check_shards(self.path, m['shards']['train'] + m['shards']['val'], listed, m)
+    self._manifest = m
     self._names = [s['name'] for split in ('train', 'val') for s in m['shards'][split]]
     self._ends = np.cumsum([s['documents'] for split in ('train', 'val')
                             for s in m['shards'][split]])
@@ -407,5 +413,5 @@ class TokenDocuments(Documents):
       raise
     except Exception as e:  # pylint: disable=broad-except  # array_record: RuntimeError
       shard = self._names[int(np.searchsorted(self._ends, record, side='right'))]
-      raise shard_checks.unreadable(self.path, shard, e) from e
+      raise shard_checks.unreadable(self.path, shard, e, self._manifest) from e
     return np.frombuffer(raw, '<i4').astype(np.int32)

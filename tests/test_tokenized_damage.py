@@ -1,9 +1,14 @@
 """Damaged pre-tokenized shards (issue 50, input_pipeline/shard_checks.py), on a local disk and on
 gs:// (fake-gcs-server): a rerun of --mode=tokenize finds and rewrites them (it kept a shard cut
 to a third, trusting its counts file); training refuses them in one paragraph naming the shard
-(it ended in `RuntimeError: ArrayRecord file should be at least 64KB big` and a traceback)."""
+(it ended in `RuntimeError: ArrayRecord file should be at least 64KB big` and a traceback).
+Issue 57: a shard changed in place, its size the same (64 bytes flipped), is found by its content
+checksum (crc32c) by the rerun and at the start of training, and a run that meets one mid-way is
+told the command that rewrites it (the rerun kept it, and the advice did nothing)."""
 
+import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -11,6 +16,7 @@ import pytest
 
 from gated_attention import input_pipeline
 from gated_attention import storage
+from gated_attention.input_pipeline import shard_checks
 from gated_attention.input_pipeline import tokenized
 from gated_attention.input_pipeline.errors import DataError
 from tests.test_tokenized import REPO, _cfg, _files, corpus  # noqa: F401  pylint: disable=W0611
@@ -74,7 +80,8 @@ def test_training_refuses_a_truncated_shard_before_any_batch(folder, corpus):
   _put(out, SHARD, written[SHARD][:len(written[SHARD]) // 3])
   with pytest.raises(DataError, match=f'holds 1 damaged shard.*{SHARD} '
                      rf'\({len(written[SHARD]) // 3} bytes, written with {len(written[SHARD])}\)'
-                     '.*Nothing was trained.*--mode=tokenize command that wrote the folder again'
+                     r'.*Nothing was trained.*run `python main.py --mode=tokenize .*--out=.*` \(the '
+                     'command that wrote the folder\\): it checks every shard'
                      ) as e:
     input_pipeline.build_data(_cfg(corpus, source='tokenized', path=out), global_batch_size=4,
                               seed=0)
@@ -84,25 +91,6 @@ def test_training_refuses_a_truncated_shard_before_any_batch(folder, corpus):
                                    global_batch_size=4, seed=0)
   for _ in range(30):
     next(data.train_iter)
-
-
-def test_a_shard_damaged_inside_is_named_when_read(corpus, tmp_path):
-  """The right size, flipped bytes inside (no listing shows it): the read that hits it is a
-  DataError naming the shard, not array_record's RuntimeError."""
-  out = str(tmp_path / 'tokens')
-  tokenized.tokenize(_cfg(corpus), out, workers=1, progress=False)
-  path = os.path.join(out, SHARD)
-  raw = bytearray(open(path, 'rb').read())
-  for i in range(0, 600, 7):             # the records' chunk: the start of the file
-    raw[200 + i] ^= 0x5A
-  with open(path, 'wb') as f:
-    f.write(bytes(raw))
-  data = input_pipeline.build_data(_cfg(corpus, source='tokenized', path=out),
-                                   global_batch_size=4, seed=0)
-  with pytest.raises(DataError, match=f'{SHARD} cannot be read .*the shard is damaged.*'
-                     '--mode=tokenize command'):
-    for _ in range(200):
-      next(data.train_iter)
 
 
 def test_main_py_trains_from_a_damaged_gcs_folder_in_one_paragraph(corpus, gcs):
@@ -125,3 +113,89 @@ def test_main_py_trains_from_a_damaged_gcs_folder_in_one_paragraph(corpus, gcs):
   message = ' '.join(done.stderr.split())
   assert f'{storage.join(out, SHARD)}' in message or SHARD in message, message
   assert 'damaged shard' in message and 'step 1/' not in done.stdout
+
+
+# Changed in place, the same size (issue 57) --------------------------------------------------------
+
+def _flipped(raw: bytes) -> bytes:
+  """64 bytes XORed inside the records' chunk (the start of the file), the size unchanged."""
+  out = bytearray(raw)
+  for i in range(200, 264):
+    out[i] ^= 0x5A
+  return bytes(out)
+
+
+def test_a_rerun_of_tokenize_rewrites_a_shard_changed_in_place(folder, corpus, capsys):
+  """Before: the rerun exited 0 with no warning and left it (size and record count agree)."""
+  out, written = folder
+  _put(out, SHARD, _flipped(written[SHARD]))
+  tokenized.tokenize(_cfg(corpus), out, workers=1, progress=False)
+  err = capsys.readouterr().err
+  assert (f'Warning: {storage.join(out, SHARD)} is damaged (its content checksum (crc32c) is '
+          in err and 'bytes changed in place); writing it again' in err), err
+  assert _files(out) == written          # byte for byte what the first run wrote
+
+
+def test_training_refuses_a_shard_changed_in_place_before_any_batch(folder, corpus):
+  """gs://: the listing's crc32c (GCS's own) against the manifest's; a small local folder: read
+  once. Before: training started, and stopped wherever the record was read."""
+  out, written = folder
+  _put(out, SHARD, _flipped(written[SHARD]))
+  manifest = json.loads(written[tokenized.MANIFEST])
+  want = next(s['crc32c'] for s in manifest['shards']['train'] if s['name'] == SHARD)
+  with pytest.raises(DataError, match=f'holds 1 damaged shard.*{SHARD} \\(content checksum '
+                     f'crc32c .* written with {want}: bytes changed in place\\).*Nothing was '
+                     'trained.*--mode=tokenize'):
+    input_pipeline.build_data(_cfg(corpus, source='tokenized', path=out), global_batch_size=4,
+                              seed=0)
+
+
+def test_a_folder_of_older_code_without_checksums_is_read_back(corpus, tmp_path, capsys):
+  """Counts files and a manifest without crc32c (written before issue 57): the rerun reads each
+  shard back whole (array_record checks its chunks' hashes), rewrites the flipped one and adds
+  the checksums; the folder is then the one this code writes, byte for byte."""
+  out = str(tmp_path / 'tokens')
+  tokenized.tokenize(_cfg(corpus), out, workers=1, progress=False)
+  written = _files(out)
+  for name, raw in written.items():
+    if name.endswith('.json'):
+      data = json.loads(raw)
+      for entry in ([data] if name != tokenized.MANIFEST
+                    else data['shards']['train'] + data['shards']['val']):
+        entry.pop('crc32c')
+      _put(out, name, json.dumps(data, indent=1, sort_keys=name != tokenized.MANIFEST))
+  _put(out, SHARD, _flipped(written[SHARD]))
+  tokenized.tokenize(_cfg(corpus), out, workers=1, progress=False)
+  err = capsys.readouterr().err
+  assert f'{SHARD} is damaged (it cannot be read' in err, err
+  assert _files(out) == written
+
+
+def test_a_shard_damaged_mid_run_names_the_command_that_repairs_it(corpus, tmp_path,
+                                                                     monkeypatch):
+  """A local folder above LOCAL_CHECK_BYTES is checked by size at the start: the flipped record
+  is met mid-run. The error names the shard and a command; that command, run as written, finds
+  the shard, rewrites it, and training reads every record. Before: "run the --mode=tokenize
+  command again: it rewrites a damaged one", which kept it."""
+  out = str(tmp_path / 'tokens')
+  tokenized.tokenize(_cfg(corpus), out, workers=1, progress=False)
+  written = _files(out)
+  _put(out, SHARD, _flipped(written[SHARD]))
+  monkeypatch.setattr(shard_checks, 'LOCAL_CHECK_BYTES', 0)
+  data = input_pipeline.build_data(_cfg(corpus, source='tokenized', path=out),
+                                   global_batch_size=4, seed=0)
+  with pytest.raises(DataError, match=f'{SHARD} cannot be read .*the shard is damaged; run `'
+                     ) as e:
+    for _ in range(200):
+      next(data.train_iter)
+  command = shlex.split(str(e.value).split('`')[1])
+  assert command[:3] == ['python', 'main.py', '--mode=tokenize'], command
+  done = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True, text=True,
+                        env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f'{SHARD} is damaged (its content checksum' in done.stderr, done.stderr
+  assert _files(out) == written
+  data = input_pipeline.build_data(_cfg(corpus, source='tokenized', path=out),
+                                   global_batch_size=4, seed=0)
+  for _ in range(200):
+    next(data.train_iter)

@@ -40,6 +40,7 @@ from gated_attention.storage import scratch
 from gated_attention.storage import waits
 from gated_attention.storage.clients import filesystem
 from gated_attention.storage.files import copy_tree
+from gated_attention.storage.files import crc32c
 from gated_attention.storage.files import create
 from gated_attention.storage.files import download_tree
 from gated_attention.storage.files import entries
@@ -47,6 +48,7 @@ from gated_attention.storage.files import exists
 from gated_attention.storage.files import forget_listings
 from gated_attention.storage.files import getsize
 from gated_attention.storage.files import glob
+from gated_attention.storage.files import glob_checksums
 from gated_attention.storage.files import glob_sizes
 from gated_attention.storage.files import isdir
 from gated_attention.storage.files import isfile
@@ -76,8 +78,8 @@ from gated_attention.storage.paths import scheme
 
 __all__ = [
     'Object', 'StorageError', 'Version', 'abspath', 'basename', 'check_folder', 'check_reachable',
-    'check_writable', 'copy_tree', 'create', 'dirname', 'download_tree', 'entries', 'exists',
-    'filesystem', 'forget_listings', 'getsize', 'glob', 'glob_sizes', 'is_remote', 'isdir',
+    'check_writable', 'copy_tree', 'crc32c', 'create', 'dirname', 'download_tree', 'entries', 'exists',
+    'filesystem', 'forget_listings', 'getsize', 'glob', 'glob_checksums', 'glob_sizes', 'is_remote', 'isdir',
     'isfile', 'join', 'listdir', 'makedirs', 'move_tree', 'mtime', 'names', 'open_file',
     'read_bytes', 'read_text', 'remove', 'remove_tree', 'scheme', 'scratch', 'upload_file',
     'upload_tree', 'waits', 'write',

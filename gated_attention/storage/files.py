@@ -146,6 +146,43 @@ def glob_sizes(pattern: str) -> dict[str, int]:
           if v.get('type') == 'file'}
 
 
+def glob_checksums(pattern: str) -> dict[str, tuple[int, str | None]]:
+  """{file: (bytes, crc32c)} of the files matching `pattern`, from one listing. Remote: the
+  object's crc32c as the storage keeps it (base64 of the big-endian value, free to read: GCS
+  computes it when the object is written); local: None (a file has none: `crc32c` computes it)."""
+  if not is_remote(pattern):
+    return {p: (os.path.getsize(p), None) for p in glob(pattern)}
+  fs, p = filesystem(pattern)
+  with _errors(pattern, 'list'):
+    found = fs.glob(p, detail=True, timeout=_timeout())
+  return {_url(pattern, k): (int(v['size']), v.get('crc32c') or None)
+          for k, v in sorted(found.items()) if v.get('type') == 'file'}
+
+
+def crc32c(path: str) -> str:
+  """The crc32c of a file's bytes, in GCS's form (base64 of the big-endian value): computed by
+  reading it locally; a remote object's is read from its metadata (GCS computed it)."""
+  if is_remote(path):
+    fs, p = filesystem(path)
+    with _errors(path, 'read the metadata of'):
+      value = fs.info(p, timeout=_timeout()).get('crc32c')
+    if not value:
+      raise StorageError(f'{path} has no crc32c in its metadata (the storage keeps none).')
+    return value
+  import google_crc32c  # pylint: disable=g-import-not-at-top
+  checksum = google_crc32c.Checksum()
+  with open(_local(path), 'rb') as f:
+    for block in iter(lambda: f.read(1 << 22), b''):
+      checksum.update(block)
+  return crc32c_text(checksum.digest())
+
+
+def crc32c_text(digest: bytes) -> str:
+  """A crc32c's 4 big-endian bytes as GCS writes them (base64)."""
+  import base64  # pylint: disable=g-import-not-at-top
+  return base64.b64encode(digest).decode()
+
+
 def makedirs(path: str):
   """Local: os.makedirs; remote: nothing (a prefix exists once an object is under it)."""
   if not is_remote(path):
