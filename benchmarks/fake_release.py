@@ -3,6 +3,7 @@ exporting it (gated_attention/runs/hf). No torch, no network: random bf16 weight
 authors' gated-Qwen3 layout (config.json + sharded safetensors), as their 1B_gate_headwise.
 
   python -m benchmarks.fake_release make --out=/tmp/fake_1b_gate_headwise
+  python -m benchmarks.fake_release make --scale=tiny --out=/tmp/fake_tiny   # tiny's shapes (tests)
   python -m benchmarks.fake_release measure --src=/tmp/fake_1b_gate_headwise --out=/tmp/exported
   # the run-directory path (docs/huggingface.md, "Import the authors' models"):
   /usr/bin/time -v python main.py --mode=import --hf=/tmp/fake_1b_gate_headwise --workdir=/tmp/r
@@ -40,9 +41,23 @@ CONFIG = dict(architectures=['Qwen3ForCausalLM'], model_type='qwen3', vocab_size
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def make(out: str, gate: str, max_shard_bytes: int):
-  """Writes `out`: config.json and bf16 safetensors shards (+ index) of random weights."""
-  cfg = dict(CONFIG, headwise_attn_output_gate=gate == 'headwise',
+def release_config(scale: str = 'dense_1p7b_28l') -> dict:
+  """The authors' config.json (CONFIG) with the architecture of `scale`'s dense model
+  (gated_attention/config/scales.py): the 1.7B release's own for dense_1p7b_28l."""
+  from gated_attention.config import scales  # pylint: disable=g-import-not-at-top
+  m = scales.model_config(scale)
+  if m.moe.num_experts:
+    raise ValueError(f'{scale} is a MoE; a release is a dense Qwen3.')
+  return dict(CONFIG, vocab_size=m.vocab_size, hidden_size=m.hidden_size,
+              intermediate_size=m.ffn_size, num_hidden_layers=m.num_layers,
+              num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
+              head_dim=m.head_dim, tie_word_embeddings=m.tie_embeddings)
+
+
+def make(out: str, gate: str, max_shard_bytes: int, scale: str = 'dense_1p7b_28l'):
+  """Writes `out`: config.json and bf16 safetensors shards (+ index) of random weights, at the
+  architecture of `scale`, with a BPE tokenizer.json that fits its vocabulary."""
+  cfg = dict(release_config(scale), headwise_attn_output_gate=gate == 'headwise',
              elementwise_attn_output_gate=gate == 'elementwise')
   dims = hf_config.dims_from_hf(cfg)
   os.makedirs(out, exist_ok=False)
@@ -74,7 +89,9 @@ def make(out: str, gate: str, max_shard_bytes: int):
   # fit in the model's).
   from gated_attention.config import scales  # pylint: disable=g-import-not-at-top
   from gated_attention.input_pipeline import bpe  # pylint: disable=g-import-not-at-top
-  bpe.train_bpe(scales.data_config(), 8192, os.path.join(out, 'tokenizer.json'), max_bytes=5 * 10**6)
+  vocab = min(8192, cfg['vocab_size'] - 1)   # BOS is one more
+  bpe.train_bpe(scales.data_config(), vocab, os.path.join(out, 'tokenizer.json'),
+                max_bytes=5 * 10**6 if vocab == 8192 else 2 * 10**5)
   print(json.dumps({'step': 'make', 'out': out, 'files': len(shards), 'bytes': total}))
 
 
@@ -108,12 +125,14 @@ def main():
   ap.add_argument('--gate', default='headwise', choices=('none', 'headwise', 'elementwise'))
   ap.add_argument('--dtype', default='bfloat16', choices=('float32', 'bfloat16'))
   ap.add_argument('--max_shard_bytes', type=int, default=2 * 10**9)
+  ap.add_argument('--scale', default='dense_1p7b_28l',
+                  help='the architecture: a dense scale of gated_attention/config/scales.py')
   args = ap.parse_args()
   if os.path.abspath(args.out).startswith(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__)))):
     sys.exit('--out must be outside the repository (e.g. under /tmp).')
   if args.cmd == 'make':
-    make(args.out, args.gate, args.max_shard_bytes)
+    make(args.out, args.gate, args.max_shard_bytes, args.scale)
   elif args.cmd in ('load', 'save'):
     _step(args.cmd, args.src, args.out, args.dtype)
   else:                                    # each step in a fresh process: its own peak RSS

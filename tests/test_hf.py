@@ -812,3 +812,26 @@ def test_lm_eval_harness_scores_an_export_as_our_model_does(tmp_path, monkeypatc
     result = out['results']['tiny_mc']
     assert result['acc,none'] == pytest.approx(np.mean(acc))
     assert result['acc_norm,none'] == pytest.approx(np.mean(acc_norm))
+
+
+def test_an_import_of_the_1p7b_release_is_dense_1p7b_28l_and_analysed_on_one_sequence():
+  """The import's config names the scale its architecture is (it started from tiny's and said
+  'tiny' for a 1.7B model), with that scale's data recipe (4096-token sequences) and one
+  sequence of one batch for the analysis; a model of no scale says 'imported'."""
+  from benchmarks import fake_release  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import hf_config  # pylint: disable=g-import-not-at-top
+  for gate in ('none', 'headwise', 'elementwise'):
+    hf = dict(fake_release.CONFIG, headwise_attn_output_gate=gate == 'headwise',
+              elementwise_attn_output_gate=gate == 'elementwise')
+    c = hf_config.run_config(hf, '/nowhere')
+    assert (c.scale, c.data.seq_len) == ('dense_1p7b_28l', 4096), gate
+    assert (c.analysis.batch_size, c.analysis.num_batches) == (1, 1)
+    assert c.model.num_layers == 28 and c.model.hidden_size == 2048
+    assert c.model.dtype == 'float32'                 # the import's compute dtype, not the scale's
+    assert hf_config.scale_of_run(c) == 'dense_1p7b_28l'
+    c.scale = 'tiny'                                  # what imports before this recorded
+    assert hf_config.scale_of_run(c) == 'dense_1p7b_28l'
+  other = dict(fake_release.CONFIG, num_hidden_layers=3)
+  c = hf_config.run_config(other, '/nowhere')
+  assert c.scale == 'imported' and c.data.seq_len == 128 and c.analysis.batch_size == 0
+  assert hf_config.scale_of_run(c) == 'imported'

@@ -52,3 +52,51 @@ def test_notebook_runs_without_a_run(monkeypatch):
   text, images = _execute(monkeypatch, {})
   assert 'GA_RUN_DIR is not set' in text
   assert images == 1                                           # the attention map only
+
+
+@pytest.fixture(scope='module')
+def imported_tiny_release(tmp_path_factory):
+  """A fake release at tiny's architecture (benchmarks/fake_release.py: random bf16 weights in
+  the authors' headwise layout, a BPE tokenizer.json), imported into a run directory."""
+  from benchmarks import fake_release  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import interop  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp('release')
+  release, run = str(root / 'fake_tiny_headwise'), str(root / 'imported')
+  fake_release.make(release, 'headwise', 2 * 10**9, scale='tiny')
+  interop.import_run(release, run)
+  return release, run
+
+
+def test_notebook_on_an_imported_release(imported_tiny_release, monkeypatch):
+  """The header names the scale the imported model is and where it came from; the analysis runs
+  at the import's own settings from the weights the notebook loaded (analyze.loaded)."""
+  release, run = imported_tiny_release
+  text, images = _execute(monkeypatch, {'GA_RUN_DIR': run, 'GA_TEXT': 'abc'})
+  assert f'Run {run}: g1_headwise (tiny, imported from {release}), checkpoint step 0' in text
+  assert '| g1_headwise | 0 |' in text                          # the analysis table
+  with open(os.path.join(run, 'analysis', 'report.json')) as f:
+    report = json.load(f)
+  assert report['step'] == 0 and report['num_batches'] == 4     # tiny's own data settings
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  code = '\n'.join(c.source for c in nb.cells if c.cell_type == 'code')
+  assert 'analyze.loaded(run)' in code and 'analyze.run(' not in code
+
+
+def test_the_analysis_of_a_loaded_run_reads_no_weights_again(imported_tiny_release, tmp_path,
+                                                               monkeypatch):
+  """analyze.loaded (the notebook's) gives what --mode=analyze gives, with every checkpoint read
+  refused after the run was opened."""
+  from gated_attention.modes import analyze  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import checkpoint, rundir  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.factory import ModelFactory  # pylint: disable=g-import-not-at-top
+  _, run = imported_tiny_release
+  by_mode = analyze.run(run, out_dir=str(tmp_path / 'by_mode'))
+  opened = rundir.load_run(run)
+
+  def refused(*args, **kwargs):
+    raise AssertionError('the weights were read again')
+  monkeypatch.setattr(ModelFactory, 'restore', refused)
+  monkeypatch.setattr(checkpoint.Checkpointer, '__init__', refused)
+  loaded = analyze.loaded(opened, out_dir=str(tmp_path / 'loaded'))
+  for key in ('f_attn', 'm_act_mean', 'gate_score_mean', 'ppl', 'num_batches'):
+    assert loaded[key] == by_mode[key], key

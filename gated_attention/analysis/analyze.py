@@ -40,12 +40,17 @@ class AnalysisError(UserError, ValueError):
   """An analysis option or setting that cannot work; the message names it."""
 
 
-def options(config, overrides: dict, given: dict | None) -> dict:
-  """The analysis options: defaults, then the config's `analysis` section, the command line's
-  --config.analysis.* overrides and `given`; unknown names refused."""
+def options(config, overrides: dict, given: dict | None, saved=None) -> dict:
+  """The analysis options: defaults, then the run's `saved` config's `analysis` section (an
+  import of a paper scale records one sequence of one batch there), the given config's where it
+  sets one (not 0 / ''), the command line's --config.analysis.* overrides and `given`; unknown
+  names refused."""
   opts = dict(DEFAULT_OPTIONS)
+  if saved is not None and 'analysis' in saved:
+    opts.update({k: v for k, v in saved.analysis.items() if k in opts})
   if config is not None and 'analysis' in config:
-    opts.update({k: v for k, v in config.analysis.items() if k in opts})
+    opts.update({k: v for k, v in config.analysis.items() if k in opts
+                 and (saved is None or v != DEFAULT_OPTIONS[k])})
   opts.update({k.split('.', 1)[1]: v for k, v in overrides.items() if k.startswith('analysis.')})
   opts.update(given or {})
   unknown = set(opts) - set(DEFAULT_OPTIONS)

@@ -77,17 +77,41 @@ def run(workdir: str, *, config=None, overrides: dict | None = None,
         'first (checkpoints are written every config.train.checkpoint_every steps and at the '
         'end).')
   rundir.pick_step(workdir, step, steps)   # a step it lacks: named before any work
-  opts = analyze.options(config, overrides, options)
+  opts = analyze.options(config, overrides, options, saved=saved)
   cfg = _config(saved, config, overrides, opts)
+  data = _data(workdir, cfg, out_dir)
+  run_ = rundir.load_run(workdir, step, config=cfg)
+  return _analyse(workdir, cfg, run_.factory, run_.params, run_.step, data, opts, out_dir, t0)
+
+
+def _data(workdir, cfg, out_dir):
+  """The held-out data of the analysis, after the checks that come before any work: a tokenizer
+  to read text with, and somewhere to write."""
   rundir.check_tokenizer(workdir, cfg, 'the analysis (held-out text)')
   if jax.process_index() == 0:   # a read-only run (a mounted bucket, a colleague's folder)
     storage.check_writable(out_dir or rundir.analysis_dir(workdir), 'the analysis',
                            'Pass --out=DIR to write it elsewhere (the run is only read).')
-  data = input_pipeline.build_data(
+  return input_pipeline.build_data(
       cfg.data, global_batch_size=cfg.train.batch_size, seed=cfg.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
-  run_ = rundir.load_run(workdir, step, config=cfg)
-  return _analyse(workdir, cfg, run_.factory, run_.params, run_.step, data, opts, out_dir, t0)
+
+
+def loaded(run_, *, out_dir: str | None = None) -> dict:
+  """The analysis of a run already opened by rundir.load_run (the notebook), from the parameters
+  it holds: nothing is restored again (an import of the authors' 1.7B model is 6.9 GB of float32
+  weights). At the run's own settings (its saved config's data and `analysis` sections: one
+  4096-token sequence for an import of a paper scale), what `--mode=analyze --workdir=RUN`
+  writes, to RUN/analysis/ (or `out_dir`)."""
+  t0 = time.time()
+  workdir = run_.workdir
+  saved = rundir.read_config(workdir)
+  opts = analyze.options(None, {}, None, saved=saved)
+  cfg = _config(saved, None, {}, opts)
+  data = _data(workdir, cfg, out_dir)
+  factory = run_.factory
+  if not ModelFactory.same_model(factory.cfg, cfg):   # the parameters as they are, another jit
+    factory = rundir.model_factory(cfg)
+  return _analyse(workdir, cfg, factory, run_.params, run_.step, data, opts, out_dir, t0)
 
 
 def after_training(finished) -> dict:
@@ -99,7 +123,7 @@ def after_training(finished) -> dict:
   t0 = time.time()
   workdir = finished.workdir
   saved = rundir.read_config(workdir)
-  opts = analyze.options(None, {}, None)
+  opts = analyze.options(None, {}, None, saved=saved)
   cfg = _config(saved, None, {}, opts)
   factory = finished.factory
   if not ModelFactory.same_model(factory.cfg, cfg):

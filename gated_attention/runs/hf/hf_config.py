@@ -168,14 +168,56 @@ def dims_from_hf(hf: dict) -> Dims:
               tied=bool(hf.get('tie_word_embeddings', False)))
 
 
+# An import's scale when its architecture is none of the scales' (config.scale names the truth).
+IMPORTED_SCALE = 'imported'
+# The architecture fields an import's model is compared on to find its scale.
+_SCALE_FIELDS = {'V': 'vocab_size', 'L': 'num_layers', 'D': 'hidden_size', 'H': 'num_heads',
+                 'K': 'num_kv_heads', 'd': 'head_dim', 'F': 'ffn_size', 'tied': 'tie_embeddings'}
+
+
+def matching_scale(dims: Dims) -> str | None:
+  """The scale (gated_attention/config/scales.py) whose dense model has `dims`' architecture
+  (vocabulary, layers, widths, heads, FFN width, tied embeddings), or None. The authors' 1.7B
+  release is the paper's dense_1p7b_28l."""
+  return _scale_of({field: getattr(dims, k) for k, field in _SCALE_FIELDS.items()})
+
+
+def _scale_of(arch: dict) -> str | None:
+  for scale in scales.SCALES:
+    m = scales.model_config(scale)
+    if not m.moe.num_experts and all(arch[f] == m[f] for f in _SCALE_FIELDS.values()):
+      return scale
+  return None
+
+
+def scale_of_run(config) -> str:
+  """The scale a run's model is: config.scale, except for an import (a config with an `hf`
+  section), whose model is compared with the scales' (imports written before config.scale said
+  so recorded 'tiny', the config they started from): its scale, or 'imported' when none has
+  its architecture."""
+  if 'hf' not in config or config.model.get('moe', {}).get('num_experts', 0):
+    return config.scale
+  m = config.model
+  return _scale_of({f: m[f] for f in _SCALE_FIELDS.values()}) or IMPORTED_SCALE
+
+
 def run_config(hf: dict, model_dir: str, *, compute_dtype: str = 'float32',
                generation_config: dict | None = None) -> ml_collections.ConfigDict:
-  """The run config: the tiny scale's defaults (gated_attention/config/scales.py) with the architecture from config.json,
-  the directory's tokenizer.json, and `config.hf` recording the source."""
+  """The run config: the architecture from config.json on the defaults of the scale that has
+  that architecture (matching_scale: its data and training recipe, e.g. dense_1p7b_28l's
+  4096-token sequences for the authors' 1.7B models, and its name in config.scale), or on tiny's
+  with config.scale = 'imported' when no scale has it; the directory's tokenizer.json; and
+  `config.hf` recording the source. An import of a paper scale is analysed on one sequence of
+  one batch (config.analysis: 1 x 4096 tokens, what docs/huggingface.md measured), not on its
+  training batch of 1024."""
   check_hf(hf)
   dims = dims_from_hf(hf)
   theta, scaling = rope_from_hf(hf)
-  c = scales.get_config('tiny')
+  scale = matching_scale(dims)
+  c = scales.get_config(scale or 'tiny')
+  c.scale = scale or IMPORTED_SCALE
+  if scale in scales.PAPER_SCALES:
+    c.analysis.update(batch_size=1, num_batches=1)
   c.variant = 'baseline' if dims.gate == 'none' else f'g1_{dims.gate}'
   c.model.update(vocab_size=dims.V, num_layers=dims.L, hidden_size=dims.D, num_heads=dims.H,
                  num_kv_heads=dims.K, head_dim=dims.d, ffn_size=dims.F, ffn_match_baseline=False,
