@@ -25,8 +25,8 @@ import bisect
 import numpy as np
 
 from gated_attention.input_pipeline.errors import DataError
-from gated_attention.input_pipeline.synthetic import (_TASK_TAG, SyntheticTask, TaskSpec,
-                                                      _binary_entropy, _entropy)
+from gated_attention.input_pipeline.synthetic import (TASK_TAG, SyntheticTask, TaskSpec,
+                                                      binary_entropy, entropy)
 
 
 class MQARTask(SyntheticTask):
@@ -48,19 +48,19 @@ class MQARTask(SyntheticTask):
     self.slot_rate = q / (1.0 - q)  # P(a query starts) at each haystack token not ending a key
     r, p, f = self.slot_rate, spec.pairs, spec.filler_tokens
     if spec.filler == 'skip_bigram':  # filler row of the token two back: [vocab, filler]
-      rng = np.random.default_rng([_TASK_TAG, spec.task_seed])
+      rng = np.random.default_rng([TASK_TAG, spec.task_seed])
       self.skip_VxF = np.zeros((spec.vocab, f))
       for a in range(spec.vocab):
         support = rng.choice(f, spec.branching, replace=False)
         self.skip_VxF[a, support] = rng.dirichlet(np.ones(spec.branching))
       self._skip_cdf = [list(np.cumsum(row)) for row in self.skip_VxF]
-      filler_entropy_V = _entropy(self.skip_VxF)
+      filler_entropy_V = entropy(self.skip_VxF)
     else:
       filler_entropy_V = np.full(spec.vocab, np.log(f))
     # the next haystack token after anything but a query key, by the token before the current
     # one: a key (uniform over the document's pairs keys) w.p. r, else a filler token
     self.haystack_entropy_V = (np.full(spec.vocab, np.log(p)) if r >= 1 else
-                               _binary_entropy(r) + r * np.log(p) + (1 - r) * filler_entropy_V)
+                               binary_entropy(r) + r * np.log(p) + (1 - r) * filler_entropy_V)
 
   @property
   def haystack_start(self) -> int:

@@ -57,6 +57,7 @@ from gated_attention.input_pipeline import mixture as mixture_lib
 from gated_attention.input_pipeline.packing import PackIterDataset, TaggedPackIterDataset
 from gated_attention.input_pipeline import ruler
 from gated_attention.input_pipeline import synthetic
+from gated_attention.input_pipeline import tasks
 from gated_attention.input_pipeline import tokenized
 from gated_attention.input_pipeline.shuffle import WindowShuffleIterDataset
 from gated_attention.input_pipeline.sources import Documents, load_documents, split_documents
@@ -341,7 +342,7 @@ def _build_mixture(data_cfg, global_batch_size: int, seed: int, process_index: i
 
 def _build_synthetic(data_cfg, global_batch_size: int, seed: int, process_index: int,
                      process_count: int) -> SyntheticData:
-  task = synthetic.make_task(data_cfg)
+  task = tasks.make_task(data_cfg)
   docs = grain.MapDataset.range(_UNBOUNDED).map(synthetic.train_stream(task, seed))
   ds = _pack(docs[process_index::process_count], data_cfg.seq_len)
   ds = ds.batch(global_batch_size // process_count, drop_remainder=True, batch_fn=_to_batch)
@@ -414,7 +415,7 @@ def _mixed(token_docs: grain.MapDataset, mixture: _Mixture, tokenizer: Tokenizer
 def data_tokenizer(data_cfg) -> Tokenizer:
   """The tokenizer of a data config: the synthetic task's, or the one `data.tokenizer` names."""
   if data_cfg.get('source') == 'synthetic':
-    return synthetic.SyntheticTokenizer(synthetic.make_task(data_cfg))
+    return synthetic.SyntheticTokenizer(tasks.make_task(data_cfg))
   return make_tokenizer(data_cfg.tokenizer)
 
 

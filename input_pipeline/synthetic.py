@@ -57,7 +57,7 @@ from gated_attention.input_pipeline.tokenizer import Tokenizer
 TASKS = ('bigram_backcopy', 'icl_bigram', 'mqar')
 CHAIN_TASKS = ('bigram_backcopy', 'icl_bigram')  # the bigram chain's tasks
 FILLERS = ('uniform', 'skip_bigram')  # mqar's haystack filler
-_TASK_TAG, _TRAIN, _VAL, _PROBE = 0, 1, 2, 3  # first words of the seed sequences (task / streams)
+TASK_TAG, _TRAIN, _VAL, _PROBE = 0, 1, 2, 3  # first words of the seed sequences (task / streams)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +159,7 @@ class SyntheticTask:
   def __init__(self, spec: TaskSpec):
     self.spec = spec
     v, k = spec.vocab, spec.triggers
-    rng = np.random.default_rng([_TASK_TAG, spec.task_seed])
+    rng = np.random.default_rng([TASK_TAG, spec.task_seed])
     self.triggers = np.sort(rng.choice(v, k, replace=False)).astype(np.int32)
     self.is_trigger_V = np.zeros(v, bool)
     self.is_trigger_V[self.triggers] = True
@@ -169,7 +169,7 @@ class SyntheticTask:
       support = rng.choice(v, spec.branching, replace=False)
       self.transition_VxV[a, support] = rng.dirichlet(np.ones(spec.branching))
     self._cdf = [list(np.cumsum(row)) for row in self.transition_VxV]
-    self.row_entropy_V = _entropy(self.transition_VxV)
+    self.row_entropy_V = entropy(self.transition_VxV)
     if spec.copy_share > 0:  # rows without their trigger successors; the trigger step apart
       self.trigger_rate = spec.copy_share / (1.0 - spec.copy_share)
       rows = self.transition_VxV * ~self.is_trigger_V[None, :]
@@ -182,7 +182,7 @@ class SyntheticTask:
       # the next token's distribution: a trigger w.p. r (uniform), else the row without triggers
       self.row_entropy_V = np.where(
           self.is_trigger_V, 0.0,
-          _binary_entropy(r) + r * np.log(k) + (1 - r) * _entropy(self.plain_VxV))
+          binary_entropy(r) + r * np.log(k) + (1 - r) * entropy(self.plain_VxV))
 
   @property
   def bos_id(self) -> int:
@@ -249,12 +249,12 @@ class SyntheticTask:
   answer_distance = answer_mask
 
 
-def _entropy(rows_VxV: np.ndarray) -> np.ndarray:
+def entropy(rows_VxV: np.ndarray) -> np.ndarray:
   p = np.where(rows_VxV > 0, rows_VxV, 1.0)
   return -(rows_VxV * np.log(p)).sum(axis=1)
 
 
-def _binary_entropy(r: float) -> float:
+def binary_entropy(r: float) -> float:
   return 0.0 if r <= 0 or r >= 1 else float(-r * np.log(r) - (1 - r) * np.log(1 - r))
 
 
@@ -320,17 +320,3 @@ class SyntheticTokenizer(Tokenizer):
     ids_n = np.asarray(ids, np.int64).reshape(-1)
     return ' '.join(('*' if self._trigger[i] else '') + str(i)
                     for i in ids_n.tolist() if 0 <= i < self.bos_id)
-
-
-def task_of(spec: TaskSpec) -> SyntheticTask:
-  """The task of a checked spec (e.g. one with another doc_len: dataclasses.replace)."""
-  spec.check()
-  if spec.name == 'mqar':
-    from gated_attention.input_pipeline.mqar import MQARTask  # pylint: disable=g-import-not-at-top  # it builds on this module
-    return MQARTask(spec)
-  return SyntheticTask(spec)
-
-
-def make_task(data_cfg) -> SyntheticTask:
-  """The task of `data.task` / `data.synthetic`; raises DataError for bad settings."""
-  return task_of(TaskSpec.from_config(data_cfg))

@@ -12,7 +12,7 @@ import pytest
 from configs import extend_context
 from gated_attention.inference import long_context
 from gated_attention.modes import long_context as long_context_mode
-from gated_attention.input_pipeline import synthetic
+from gated_attention.input_pipeline import synthetic, tasks
 from tests.test_analysis import ROOT, TINY_RUN_OVERRIDES, make_tiny_run
 from tests.test_synthetic import synth_cfg
 
@@ -110,7 +110,7 @@ MQAR = dict(vocab=24, pairs=4, key_tokens=6, value_tokens=8, query_rate=0.3)
 
 
 def _mqar_task(**overrides):
-  return synthetic.make_task(synth_cfg('mqar', seq_len=32, **{**MQAR, **overrides}))
+  return tasks.make_task(synth_cfg('mqar', seq_len=32, **{**MQAR, **overrides}))
 
 
 def _reference_accuracy(docs, pred, edges):

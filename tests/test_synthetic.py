@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gated_attention.config import scales
-from gated_attention.input_pipeline import DataError, build_data, data_tokenizer, synthetic
+from gated_attention.input_pipeline import DataError, build_data, data_tokenizer, synthetic, tasks
 
 
 def synth_cfg(task='bigram_backcopy', seq_len=32, **synthetic_overrides):
@@ -35,11 +35,11 @@ def assert_batches_equal(a, b):
 
 def test_documents_are_deterministic_and_bos_first():
   cfg = synth_cfg()
-  task = synthetic.make_task(cfg)
-  again = synthetic.make_task(cfg)
+  task = tasks.make_task(cfg)
+  again = tasks.make_task(cfg)
   np.testing.assert_array_equal(task.transition_VxV, again.transition_VxV)
   np.testing.assert_array_equal(task.triggers, again.triggers)
-  other = synthetic.make_task(synth_cfg(task_seed=1))
+  other = tasks.make_task(synth_cfg(task_seed=1))
   assert not np.array_equal(task.transition_VxV, other.transition_VxV)
   stream = synthetic.train_stream(task, seed=0)
   doc = stream(7)
@@ -56,7 +56,7 @@ def test_documents_are_deterministic_and_bos_first():
 
 
 def test_transition_matrix_rows():
-  task = synthetic.make_task(synth_cfg(vocab=20, triggers=2, branching=5))
+  task = tasks.make_task(synth_cfg(vocab=20, triggers=2, branching=5))
   rows_V = task.transition_VxV
   np.testing.assert_allclose(rows_V[task.plain].sum(axis=1), 1.0)
   assert ((rows_V[task.plain] > 0).sum(axis=1) == 5).all()
@@ -66,7 +66,7 @@ def test_transition_matrix_rows():
 def test_backcopy_statistics():
   """After a trigger the next token is the one before it; elsewhere transitions follow the
   matrix (each row's counts against its probabilities, a chi-square bound)."""
-  task = synthetic.make_task(synth_cfg(vocab=16, triggers=2, branching=4, doc_len=257))
+  task = tasks.make_task(synth_cfg(vocab=16, triggers=2, branching=4, doc_len=257))
   docs = np.stack([synthetic.train_stream(task, seed=3)(i) for i in range(300)])[:, 1:]
   trig = task.is_trigger_V[docs[:, :-1]]
   assert trig.mean() > 0.02
@@ -91,7 +91,7 @@ def test_default_documents_are_unchanged():
   import hashlib
   h = hashlib.sha256()
   for name in synthetic.CHAIN_TASKS:  # the tasks that existed when the hash was taken
-    task = synthetic.make_task(synth_cfg(name, seq_len=64, vocab=32, triggers=4, branching=3))
+    task = tasks.make_task(synth_cfg(name, seq_len=64, vocab=32, triggers=4, branching=3))
     for i in range(20):
       h.update(synthetic.train_stream(task, 3)(i).tobytes())
   assert h.hexdigest() == '5ddca81fe6f83766f99e44d00dd93f1ee56cc15bd4a4976551004620f203074c'
@@ -104,7 +104,7 @@ def test_copy_share_sets_the_share_of_trigger_targets(name, copy_share):
   r = s / (1 - s) (so a share s of targets follow a trigger), whatever the task seed; the other
   transitions follow the chain's rows without their trigger successors."""
   for task_seed in (0, 2):
-    task = synthetic.make_task(synth_cfg(name, vocab=16, triggers=2, branching=4, doc_len=257,
+    task = tasks.make_task(synth_cfg(name, vocab=16, triggers=2, branching=4, doc_len=257,
                                          task_seed=task_seed, copy_share=copy_share))
     docs = np.stack([synthetic.train_stream(task, seed=1)(i) for i in range(200)])[:, 1:]
     trig = task.is_trigger_V[docs[:, :-1]]
@@ -130,7 +130,7 @@ def test_copy_share_sets_the_share_of_trigger_targets(name, copy_share):
 def test_copy_share_entropy_is_the_next_token_distributions():
   """target_entropy after a non-trigger token: the entropy of the explicit mixture r x uniform
   over the triggers + (1 - r) x the row without triggers, computed here from the distribution."""
-  task = synthetic.make_task(synth_cfg(vocab=16, triggers=3, branching=5, copy_share=0.2))
+  task = tasks.make_task(synth_cfg(vocab=16, triggers=3, branching=5, copy_share=0.2))
   r = 0.2 / 0.8
   for a in task.plain:
     p = (1 - r) * task.plain_VxV[a] + r * task.is_trigger_V / 3
@@ -145,7 +145,7 @@ def test_copy_share_entropy_is_the_next_token_distributions():
 
 
 def test_icl_bigram_statistics():
-  task = synthetic.make_task(synth_cfg('icl_bigram', vocab=16, triggers=2, branching=4,
+  task = tasks.make_task(synth_cfg('icl_bigram', vocab=16, triggers=2, branching=4,
                                        doc_len=257))
   docs = np.stack([synthetic.train_stream(task, seed=0)(i) for i in range(100)])[:, 1:]
   outputs = set()
@@ -162,7 +162,7 @@ def test_icl_bigram_statistics():
 def mqar_task(doc_len=129, **overrides):
   settings = dict(vocab=40, pairs=6, key_tokens=10, value_tokens=12, query_rate=0.2)
   settings.update(overrides)
-  return synthetic.make_task(synth_cfg('mqar', doc_len=doc_len, **settings))
+  return tasks.make_task(synth_cfg('mqar', doc_len=doc_len, **settings))
 
 
 def test_mqar_documents_pairs_first_and_every_answer_is_its_keys_value():
@@ -335,7 +335,7 @@ def test_mqar_probes_query_each_key_once(filler):
   with pytest.raises(DataError, match='needs at least 25 tokens'):
     synthetic.probe_stream(mqar_task(doc_len=24))(0)
   with pytest.raises(DataError, match="only data.task='mqar'"):
-    synthetic.probe_stream(synthetic.make_task(synth_cfg('icl_bigram')))
+    synthetic.probe_stream(tasks.make_task(synth_cfg('icl_bigram')))
 
 
 def test_mqar_describe_and_its_floor():
@@ -361,7 +361,7 @@ def test_mqar_describe_and_its_floor():
 
 
 def test_chain_tasks_have_no_answer_positions():
-  task = synthetic.make_task(synth_cfg('icl_bigram'))
+  task = tasks.make_task(synth_cfg('icl_bigram'))
   assert not task.has_answers
   with pytest.raises(DataError, match="only data.task='mqar'"):
     task.answer_mask(synthetic.val_stream(task)(0))
@@ -379,7 +379,7 @@ def test_backcopy_reaches_its_floor_only_with_the_copy():
 def test_tokenizer_round_trip_marks_triggers():
   cfg = synth_cfg()
   tok = data_tokenizer(cfg)
-  task = synthetic.make_task(cfg)
+  task = tasks.make_task(cfg)
   assert tok.vocab_size == 65 and tok.bos_id == 64 and 'bigram_backcopy' in tok.name
   t = int(task.triggers[0])
   ids = [1, t, 1, 63]

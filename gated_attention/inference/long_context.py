@@ -40,6 +40,7 @@ from gated_attention.analysis import plots
 from gated_attention.errors import UserError
 from gated_attention.input_pipeline import ruler
 from gated_attention.input_pipeline import synthetic
+from gated_attention.input_pipeline import tasks
 
 
 class LongContextError(UserError, ValueError):
@@ -96,7 +97,7 @@ def synthetic_documents(task, num_tokens: int, count: int, probes: bool = False)
   """int32 [count, num_tokens]: the first `count` documents of the task's validation stream (never
   trained on), or with `probes` of its retrieval probes (mqar: each key queried once), generated
   at doc_len = num_tokens (BOS first)."""
-  task = synthetic.task_of(dataclasses.replace(task.spec, doc_len=num_tokens))
+  task = tasks.task_of(dataclasses.replace(task.spec, doc_len=num_tokens))
   stream = synthetic.probe_stream(task) if probes else synthetic.val_stream(task)
   return np.stack([stream(i) for i in range(count)]).astype(np.int32)
 
