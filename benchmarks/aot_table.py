@@ -16,7 +16,7 @@ LC_MARKER to the end; the pre-training run keeps it, and it keeps the rest):
     sequences a step): smallest slice and grad_accum, walked as above;
   * --mode=long_context's evaluation at 64k and 128k with YaRN (factor 4 over the 32k training
     length): `main.py --mode=compile --plan=long_context`, the scoring step through the KV cache
-    (gated_attention/compile/aot.py), at long_context.batch_size 8, 4, 2, 1 on each slice until
+    (gated_attention/compile/aot_long_context.py), at long_context.batch_size 8, 4, 2, 1 on each slice until
     one fits.
 
   python -m benchmarks.aot_table --stage=long_context --scales=dense_1p7b_28l --variants=baseline

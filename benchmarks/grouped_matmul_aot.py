@@ -3,7 +3,7 @@
   python -m benchmarks.grouped_matmul_aot [--topology=v5p:2x2x1] [--groups=16] [--rows=8192]
 
 Compiles value_and_grad(sum(grouped_matmul(x, w, group_sizes) * c)) wrt x and w for one device of
-a compile-only TPU topology (libtpu, no TPU needed; see gated_attention/compile/aot.py) with
+a compile-only TPU topology (libtpu, no TPU needed; see gated_attention/compile/tpu.py) with
 moe.grouped_matmul = ragged_dot and = megablox, and prints XLA's cost_analysis FLOPs next to the
 useful work (fwd 2MKN + input grad 2MKN + weight grad 2MKN; the group sizes sum to M). On TPU,
 ragged_dot's weight gradient compiles to a dense product over all G groups (~G x 2MKN); megablox's
@@ -14,7 +14,7 @@ import argparse
 import json
 
 
-from gated_attention.compile import aot  # pylint: disable=g-import-not-at-top
+from gated_attention.compile import tpu  # pylint: disable=g-import-not-at-top
 
 
 def main():
@@ -25,7 +25,7 @@ def main():
   p.add_argument('--k', type=int, default=1024)
   p.add_argument('--n', type=int, default=1024)
   a = p.parse_args()
-  _, devices = aot.topology_devices(a.topology)   # prepares libtpu, keeps the default backend CPU
+  _, devices = tpu.topology_devices(a.topology)   # prepares libtpu, keeps the default backend CPU
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from gated_attention.model import grouped_matmul  # pylint: disable=g-import-not-at-top

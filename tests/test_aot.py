@@ -1,4 +1,5 @@
-"""Ahead-of-time compilation for TPU topologies (gated_attention/compile/aot.py).
+"""Ahead-of-time compilation for TPU topologies (gated_attention/compile/aot.py, tpu.py,
+aot_long_context.py).
 
 The compile tests need libtpu (pip install -r requirements-tpu.txt) but no TPU; they are marked
 slow (about a minute on 2 CPU cores) and skipped without libtpu:
@@ -14,7 +15,7 @@ import pytest
 
 from configs import g1_elementwise
 from gated_attention import chips
-from gated_attention.compile import aot, hlo_cost, memory
+from gated_attention.compile import aot, aot_long_context, hlo_cost, memory, tpu
 from gated_attention.training import fit
 from gated_attention.errors import UserError
 from gated_attention.model import transformer as model_lib
@@ -34,11 +35,11 @@ def tiny_fsdp(seq_len=128, **train):
 
 
 def test_parse_topology():
-  assert aot.parse_topology('v5p:4x4x4') == ('v5p', 'v5p:4x4x4')
-  assert aot.parse_topology('v5litepod:2x2') == ('v5e', 'v5e:2x2')
+  assert tpu.parse_topology('v5p:4x4x4') == ('v5p', 'v5p:4x4x4')
+  assert tpu.parse_topology('v5litepod:2x2') == ('v5e', 'v5e:2x2')
   for bad in ('v5p', 'h100:8', ''):
     with pytest.raises(ValueError, match='topology'):
-      aot.parse_topology(bad)
+      tpu.parse_topology(bad)
 
 
 def test_chip_specs():
@@ -308,7 +309,7 @@ def test_long_context_step_is_the_evaluations_and_gives_the_cache_back_replicate
   devices: the Generator's own jitted step, its cache in and out replicated."""
   from gated_attention.inference import generate  # pylint: disable=g-import-not-at-top
   cfg = _long_context_config(length=512, batch=2)
-  gen, _, args, lengths = aot.long_context_step(cfg, jax.devices())
+  gen, _, args, lengths = aot_long_context.long_context_step(cfg, jax.devices())
   assert lengths == [512] and gen.max_len == 512 + 64 and args[1].shape == (2, 256)
   step = generate.Generator._chunk_scores  # pylint: disable=protected-access
   nll, argmax, kv = jax.eval_shape(lambda *a: step(gen, *a), *args)
@@ -320,7 +321,7 @@ def test_long_context_step_is_the_evaluations_and_gives_the_cache_back_replicate
 @needs_libtpu
 def test_long_context_step_compiles_for_a_topology_and_the_estimate_is_near():
   cfg = _long_context_config(length=4096, batch=8)
-  r = aot.long_context_report(cfg, 'v5p:2x2x1')
+  r = aot_long_context.long_context_report(cfg, 'v5p:2x2x1')
   assert r['fits'] is True and r['message'].startswith('Fits')
   mem = r['memory']
   assert mem['total_bytes'] >= 2 * r['kv_cache_bytes_per_device']   # in and out

@@ -163,9 +163,9 @@ def test_megablox_flops_count_every_visited_row_tile():
 @pytest.mark.parametrize('fused_bwd', [True, False])
 def test_splash_on_a_tpu_compile_is_invisible_to_xla_and_counted_here(fused_bwd):
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-  from gated_attention.compile import aot
+  from gated_attention.compile import tpu
   from gated_attention.model import attention_kernels
-  _, devices = aot.topology_devices('v5p:2x2x1')
+  _, devices = tpu.topology_devices('v5p:2x2x1')
   mesh = Mesh(devices[:1], ('data',))
   B, T, H, K, d = 2, 1024, 4, 2, 128
   spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=NamedSharding(mesh, P()))  # noqa: E731

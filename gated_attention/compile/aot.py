@@ -24,96 +24,21 @@ Nothing is allocated and no TPU is needed. The report gives:
   MXU efficiency: an upper bound, useful to compare meshes and variants, not a promise.
 - collectives: counts by kind in the compiled program, and their result bytes per step.
 
-libtpu on a machine without TPUs: `_prepare_libtpu` keeps it quiet and off /tmp/libtpu_lockfile
-and keeps JAX's default backend CPU (unless JAX_PLATFORMS says otherwise).
-
-Per-device numbers: v5e/v5p/v6e expose one JAX device per chip; v4's compile-only topology has one
-device per TensorCore (two per chip), so its chip figures are halved per device (chips.py).
+The TPU slice's compile-only devices (libtpu on a machine without TPUs) are tpu.py's; the
+long-context evaluation's step (--plan=long_context) is compiled by aot_long_context.py with this
+module's memory and out-of-memory readers.
 """
 
-import atexit
-import glob
 import math
-import os
 import re
-import shutil
-import tempfile
 import time
 
 from gated_attention.compile import hlo_cost
+from gated_attention.compile import tpu
 from gated_attention.config import schema
 from gated_attention.training import fit
-from gated_attention.chips import ALIASES, CHIPS, TPU_CHIPS
-from gated_attention.errors import ConfigError, UserError
-
-# libtpu, loaded on a machine without TPUs, otherwise prints warnings about the missing TPU
-# metadata and takes /tmp/libtpu_lockfile (then fails while any other JAX process holds it).
-_LIBTPU_ENV = {
-    'TPU_SKIP_MDS_QUERY': '1',            # no GCE metadata server queries
-    'TPU_WORKER_HOSTNAMES': 'localhost',  # silences "could not determine TPU worker hostnames"
-    'TPU_HOST_BOUNDS': '1,1,1',           # silences "Failed to find host bounds"
-    'ALLOW_MULTIPLE_LIBTPU_LOAD': '1',    # do not fail when another process holds the lockfile
-}
-_log_dir = None
-
-
-def _prepare_libtpu():
-  """Environment for a compile-only libtpu: quiet, no lockfile, logs in a known directory."""
-  global _log_dir
-  for k, v in _LIBTPU_ENV.items():
-    os.environ.setdefault(k, v)
-  if _log_dir is None:
-    _log_dir = os.environ.get('TPU_LOG_DIR')
-    if not _log_dir:
-      _log_dir = tempfile.mkdtemp(prefix='tpu_aot_logs_')
-      os.environ['TPU_LOG_DIR'] = _log_dir
-      atexit.register(shutil.rmtree, _log_dir, ignore_errors=True)
-  import jax  # pylint: disable=g-import-not-at-top
-  # No public JAX API tells whether backends are initialised (jax.extend.backend.backends()
-  # initialises them): the private one is used.
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
-  # Compiling for a topology needs no TPU backend; keep the default backend CPU so JAX does not
-  # also try (and fail) to open local TPUs. Only possible before any backend is initialised.
-  if not os.environ.get('JAX_PLATFORMS') and not xla_bridge.backends_are_initialized():
-    jax.config.update('jax_platforms', 'cpu')
-
-
-def parse_topology(topology: str) -> tuple[str, str]:
-  """'v5p:4x4x4' -> ('v5p', 'v5p:4x4x4'); 'v5litepod:2x2' -> ('v5e', 'v5e:2x2')."""
-  example = 'such as v5p:4x4x4, v5e:4x4, v6e:2x2 or v4:2x2x2 (<generation>:<chip grid>)'
-  if not topology:
-    raise ConfigError(f'--mode=compile needs --topology, a TPU topology name {example}.')
-  if ':' not in topology:
-    raise ConfigError(f'--topology={topology!r}: expected a TPU topology name {example}.')
-  gen, shape = topology.split(':', 1)
-  gen = ALIASES.get(gen.lower(), gen.lower())
-  if gen not in TPU_CHIPS:
-    raise ConfigError(f'--topology={topology!r}: unknown TPU generation {gen!r}; known: '
-                      f'{", ".join(TPU_CHIPS)} (aliases: {", ".join(ALIASES)}).')
-  dims = shape.lower().split('x')
-  if not all(d.isdigit() and int(d) > 0 for d in dims):
-    raise ConfigError(f'--topology={topology!r}: the chip grid {shape!r} is not positive '
-                      f'integers joined by x; expected a TPU topology name {example}.')
-  return gen, f'{gen}:{shape.lower()}'
-
-
-def topology_devices(topology: str):
-  """(generation, compile-only devices) of a TPU slice, e.g. 64 for v5p:4x4x4."""
-  gen, name = parse_topology(topology)
-  _prepare_libtpu()
-  try:
-    import libtpu  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  except ImportError as e:
-    raise UserError('--mode=compile needs libtpu (compile-only, no TPU required): '
-                    'pip install -r requirements-tpu.txt') from e
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  try:
-    devices = topologies.get_topology_desc(topology_name=name, platform='tpu').devices
-  except Exception as e:  # pylint: disable=broad-except
-    first = (str(e).strip().splitlines() or [''])[0][:300]
-    raise ConfigError(f'libtpu does not know the topology {name!r}: {first}') from e
-  return gen, list(devices)
-
+from gated_attention.chips import CHIPS
+from gated_attention.errors import UserError
 
 def abstract_batch(setup, cfg) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
@@ -124,7 +49,7 @@ def abstract_batch(setup, cfg) -> dict:
                         ('loss_mask', jnp.float32))}
 
 
-def _shard_bytes(tree) -> int:
+def shard_bytes(tree) -> int:
   import jax  # pylint: disable=g-import-not-at-top
   return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
              for x in jax.tree.leaves(tree))
@@ -134,7 +59,7 @@ def _human(n: float) -> str:
   return f'{n / 2**30:.2f}GiB' if n >= 2**30 else f'{n / 2**20:.1f}MiB'
 
 
-def _gib(x) -> float:
+def gib(x) -> float:
   return round(x / 2**30, 3)
 
 
@@ -177,34 +102,14 @@ def largest_hlo_arrays(hlo_text: str, cfg, n_dev: int, top: int = 10) -> list:
           for shape, op, n, size in hlo_cost.hlo_arrays(hlo_text, top)]
 
 
-def _log_sizes() -> dict:
-  """This process's libtpu WARNING logs -> size. libtpu reads TPU_LOG_DIR when it loads, which
-  may have happened before _prepare_libtpu (JAX probing for TPUs): look in the default too."""
-  dirs = {d for d in (_log_dir, os.path.join(tempfile.gettempdir(), 'tpu_logs')) if d}
-  return {p: os.path.getsize(p) for d in dirs
-          for p in glob.glob(os.path.join(d, f'*.log.WARNING.*.{os.getpid()}'))}
-
-
-def _oom_report(logs_before: dict) -> str:
-  """The memory-usage report libtpu appended to its WARNING log during this compile."""
-  for path in _log_sizes():
-    with open(path, errors='replace') as f:
-      f.seek(logs_before.get(path, 0))
-      text = f.read()
-    i = text.rfind('Ran out of memory in memory space hbm')
-    if i >= 0:
-      return text[i:]
-  return ''
-
-
-def _oom_details(err: str, cfg, n_dev: int, logs_before: dict) -> dict:
+def oom_details(err: str, cfg, n_dev: int, logs_before: dict) -> dict:
   """Compiler's 'used X of Y' and the largest buffers of its memory-usage report."""
   out = {'compiler_error': err.strip().splitlines()[0][:500]}
   m = (re.search(r'required for HLO temporaries \(([\d.]+[KMGT]?)\) exceeds available HBM '
                  r'\(([\d.]+[KMGT]?)\)', err) or
        re.search(r'Used ([\d.]+[KMGT]?) of ([\d.]+[KMGT]?)', err) or
        re.search(r'Requires ([\d.]+[KMGT]?), has ([\d.]+[KMGT]?) available', err))
-  report = _oom_report(logs_before)
+  report = tpu.oom_report(logs_before)
   if report:
     m = re.search(r'Used ([\d.]+[KMGT]?) of ([\d.]+[KMGT]?) hbm', report) or m
     rows = re.findall(r'^\s*[\d.]+\w+\(\s*\d+%\);\s*([\d.]+\w+);\s*\d+;\s*(\d+);\s*(.+)$', report,
@@ -225,7 +130,7 @@ def _oom_details(err: str, cfg, n_dev: int, logs_before: dict) -> dict:
 def _header(config, topology, devices, setup, analytic) -> dict:
   from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   tc, T = config.train, config.data.seq_len
-  gen = parse_topology(topology)[0]
+  gen = tpu.parse_topology(topology)[0]
   cores_per_chip = len({getattr(d, 'core_on_chip', 0) for d in devices})
   chip = CHIPS[gen]
   params = model_lib.param_report(setup.model_cfg)
@@ -257,15 +162,15 @@ def _header(config, topology, devices, setup, analytic) -> dict:
 
 def _not_fitting(out, error, config, n_dev, logs_before, per_device, state_bytes) -> dict:
   """The report of a step the TPU compiler rejected for memory."""
-  details = _oom_details(error, config, n_dev, logs_before)
+  details = oom_details(error, config, n_dev, logs_before)
   out['fits'] = False
   out['memory'] = dict(details, state_bytes_per_device=state_bytes,
                        hbm_bytes_per_device=per_device['hbm_bytes'])
   req = details.get('required_bytes')
   has = details.get('hbm_available_to_xla_bytes', per_device['hbm_bytes'])
   out['message'] = (
-      f'Does NOT fit: the step needs {_gib(req) if req else "?"} GiB per device, the '
-      f'{out["chip"]} device has {_gib(has)} GiB. Largest buffers: ' + '; '.join(
+      f'Does NOT fit: the step needs {gib(req) if req else "?"} GiB per device, the '
+      f'{out["chip"]} device has {gib(has)} GiB. Largest buffers: ' + '; '.join(
           f'{b["size"]} {b["shapes"][:120]}' + (f' ({b["likely"]})' if b['likely'] else '')
           for b in details.get('largest_buffers', [])[:3]) +
       '. Try a larger slice, more --config.train.grad_accum, --config.model.remat=full, or '
@@ -273,7 +178,7 @@ def _not_fitting(out, error, config, n_dev, logs_before, per_device, state_bytes
   return out
 
 
-def _memory(compiled, per_device, state_bytes) -> dict:
+def memory_analysis(compiled, per_device, state_bytes) -> dict:
   ma = compiled.memory_analysis()
   total = (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes +
            ma.temp_size_in_bytes + ma.generated_code_size_in_bytes)
@@ -284,7 +189,7 @@ def _memory(compiled, per_device, state_bytes) -> dict:
       'temporaries_bytes': ma.temp_size_in_bytes,
       'generated_code_bytes': ma.generated_code_size_in_bytes,
       'total_bytes': total,
-      'total_gib': _gib(total),
+      'total_gib': gib(total),
       'hbm_bytes_per_device': per_device['hbm_bytes'],
       'hbm_fraction': round(total / per_device['hbm_bytes'], 4),
       'state_bytes_per_device': state_bytes,
@@ -377,7 +282,7 @@ def _lower_and_compile(setup, config):
   with jax.set_mesh(setup.mesh):
     traced = setup.train_step.trace(setup.abstract_params, setup.abstract_opt, batch, 1.0)
     lowered = traced.lower()
-  t1, logs_before = time.time(), _log_sizes()
+  t1, logs_before = time.time(), tpu.log_sizes()
   try:
     compiled, error = lowered.compile(), None
   except Exception as e:  # pylint: disable=broad-except
@@ -388,7 +293,7 @@ def _lower_and_compile(setup, config):
 
 def report(config, topology: str, *, keep_hlo: bool = False) -> dict:
   """Compile the training step of `config` for a TPU topology; returns the JSON-able report."""
-  _, devices = topology_devices(topology)
+  _, devices = tpu.topology_devices(topology)
   from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   from gated_attention import sharding  # pylint: disable=g-import-not-at-top
   from gated_attention.training import train
@@ -402,12 +307,12 @@ def report(config, topology: str, *, keep_hlo: bool = False) -> dict:
   cost = hlo_cost.jaxpr_cost(traced.jaxpr)
   out['flops'].update(program_matmul_per_step=cost['flops'],
                       program_over_analytic=round(cost['flops'] / analytic, 3))
-  state_bytes = _shard_bytes((setup.abstract_params, setup.abstract_opt))
+  state_bytes = shard_bytes((setup.abstract_params, setup.abstract_opt))
   if compiled is None:
     if 'RESOURCE_EXHAUSTED' not in error and 'memory' not in error.lower():
       raise RuntimeError(f'Compiling {out["config"]} for {topology} failed: {error}')
     return _not_fitting(out, error, config, n_dev, logs, per_device, state_bytes)
-  out['memory'] = _memory(compiled, per_device, state_bytes)
+  out['memory'] = memory_analysis(compiled, per_device, state_bytes)
   hlo = compiled.as_text()
   xla_flops, xla_bytes, loops = _costs(compiled, hlo, cost, out['flops'], n_dev)
   out['roofline'] = _roofline(xla_flops, xla_bytes, loops, cost, analytic, per_device, n_dev,
@@ -425,15 +330,15 @@ def _conclude(out, hlo, config, n_dev, per_device):
   total = out['memory']['total_bytes']
   out['fits'] = fits = total <= per_device['hbm_bytes']  # the compiler does not reject them all
   if fits:
-    out['message'] = (f'Fits: {_gib(total)} GiB of {_gib(per_device["hbm_bytes"])} GiB per '
+    out['message'] = (f'Fits: {gib(total)} GiB of {gib(per_device["hbm_bytes"])} GiB per '
                       f'device; roofline MFU {out["roofline"]["mfu"]:.1%} '
                       f'({out["roofline"]["bound"]}-bound).')
     return
   arrays = largest_hlo_arrays(hlo, config, n_dev)
   out['memory']['largest_arrays'] = arrays
   out['message'] = (
-      f'Does NOT fit: the compiled step needs {_gib(total)} GiB per device, the {out["chip"]} '
-      f'device has {_gib(per_device["hbm_bytes"])} GiB. Largest arrays: ' + '; '.join(
+      f'Does NOT fit: the compiled step needs {gib(total)} GiB per device, the {out["chip"]} '
+      f'device has {gib(per_device["hbm_bytes"])} GiB. Largest arrays: ' + '; '.join(
           f'{a["size"]} {a["shapes"][:100]} x{a["count"]} ({a["likely"] or a["op"][-60:]})'
           for a in arrays[:3]) +
       '. Try a larger slice, more --config.train.grad_accum, or other --config.mesh rules.')
@@ -454,7 +359,7 @@ def fit_grad_accum(config, topology: str, *, log=print, compile_fn=None,
   compile_fn = compile_fn or report
   if schema.is_auto(config.train.grad_accum):   # train.grad_accum=auto: the walk from 1
     config = fit.with_grad_accum(config, 1)
-  n_dev = num_devices or len(topology_devices(topology)[1])
+  n_dev = num_devices or len(tpu.topology_devices(topology)[1])
   shards = fit.batch_shards(config, n_dev)
   tc = config.train
 
@@ -479,105 +384,4 @@ def fit_grad_accum(config, topology: str, *, log=print, compile_fn=None,
   out['fit_grad_accum'] = {'grad_accum': found.grad_accum,
                            'attempts': [{'grad_accum': a.grad_accum, 'fits': a.fits,
                                          'message': a.message} for a in tried]}
-  return out
-
-
-
-# ----------------------------------------------------------------------------------------------
-# --mode=long_context's evaluation (--plan=long_context)
-
-
-def long_context_step(config, devices):
-  """(Generator, abstract arguments) of --mode=long_context's scoring step on `devices`: one
-  chunk of `long_context.chunk` tokens of `long_context.batch_size` sequences through the KV
-  cache of the largest length (+ the margin), as Generator.token_nll / token_scores run it. The
-  shardings are the evaluation's: the parameters per config.mesh (runs/factory.py), the cache
-  and the tokens replicated (the evaluation makes them outside jit, and the compiled step gives
-  the cache back replicated: every device holds the whole batch's cache)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from gated_attention import sharding  # pylint: disable=g-import-not-at-top
-  # pylint: disable=g-import-not-at-top
-  from gated_attention.inference import generate, long_context
-  from gated_attention.runs import factory as factory_lib, rundir
-  # pylint: enable=g-import-not-at-top
-  config = rundir.for_generation(config.copy_and_resolve_references())
-  opts = config.long_context
-  lengths = long_context.evaluated_lengths(opts, config.data.seq_len)
-  mesh = sharding.build_mesh(config.mesh, devices)
-  factory = factory_lib.ModelFactory(config, mesh)
-  gen = generate.Generator(factory.merge(factory.abstract_params),
-                           max_len=long_context.cache_length(lengths), chunk=opts.chunk)
-  m, B = factory.model_cfg, int(opts.batch_size)
-  C = min(gen.chunk, gen.max_len)
-  replicated = NamedSharding(mesh, P())
-  cache = jax.ShapeDtypeStruct((m.num_layers, B, gen.max_len, m.num_kv_heads, m.head_dim),
-                               m.compute_dtype, sharding=replicated)
-  tokens = jax.ShapeDtypeStruct((B, C), jnp.int32, sharding=replicated)
-  start = jax.ShapeDtypeStruct((B,), jnp.int32, sharding=replicated)
-  return gen, factory, (gen.state, tokens, tokens, start, {'k': cache, 'v': cache}), lengths
-
-
-def long_context_report(config, topology: str) -> dict:
-  """Compiles --mode=long_context's scoring step (long_context_step) for a TPU topology: the
-  per-device memory of the evaluation against HBM. RULER's generation prefills through the same
-  cache, and `generate._prefill` keeps every chunk's float32 logits and concatenates them into
-  [batch, prompt, vocab] (twice that while it concatenates): `ruler_prefill_logits_bytes`,
-  added to the compiled figure in `ruler_total_bytes` (analytic, not compiled)."""
-  gen_name, devices = topology_devices(topology)
-  gen, factory, args, lengths = long_context_step(config, devices)
-  from gated_attention.inference import generate  # pylint: disable=g-import-not-at-top
-  m, opts = factory.model_cfg, config.long_context
-  B, S = int(opts.batch_size), gen.max_len
-  per_device = {k: v / len({getattr(d, 'core_on_chip', 0) for d in devices})
-                for k, v in CHIPS[gen_name].items()}
-  cache_bytes = 2 * math.prod(args[4]['k'].shape) * args[4]['k'].dtype.itemsize
-  params_bytes = _shard_bytes(factory.abstract_params)
-  logits_bytes = 2 * B * max(lengths) * m.vocab_size * 4   # the chunks' and their concatenation
-  out = {
-      'config': f'{config.variant}:{config.scale}', 'plan': 'long_context',
-      'topology': f'{gen_name}:{topology.split(":", 1)[1]}', 'chip': gen_name,
-      'devices': len(devices), 'mesh': dict(factory.mesh.shape), 'rules': config.mesh.rules,
-      'evaluation': {'lengths': lengths, 'cache_length': S, 'batch': B, 'chunk': gen.chunk,
-                     'rope_base': m.rope_base, 'rope_scaling': dict(config.model.rope_scaling)},
-      'params_bytes_per_device': params_bytes,
-      'kv_cache_bytes_per_device': cache_bytes,
-      'ruler_prefill_logits_bytes': logits_bytes,
-  }
-  t0 = time.time()   # no mesh context or rules: the evaluation's jit has none
-  lowered = generate.Generator._chunk_scores.lower(gen, *args)  # pylint: disable=protected-access
-  t1, logs_before = time.time(), _log_sizes()
-  try:
-    compiled, error = lowered.compile(), None
-  except Exception as e:  # pylint: disable=broad-except
-    compiled, error = None, str(e)
-  out['compile_seconds'] = {'lower': round(t1 - t0, 2), 'compile': round(time.time() - t1, 2)}
-  where = (f'at length {max(lengths)} (cache {S}), batch {B}, chunk {gen.chunk} on {topology}: '
-           f'the KV cache is {_gib(cache_bytes)} GiB on every device (replicated; the step '
-           f'holds it twice: in and out), the parameters {_gib(params_bytes)} GiB')
-  if compiled is None:
-    if 'RESOURCE_EXHAUSTED' not in error and 'memory' not in error.lower():
-      raise RuntimeError(f'Compiling the long-context step of {out["config"]} for {topology} '
-                         f'failed: {error}')
-    details = _oom_details(error, config, len(devices), logs_before)
-    out['fits'] = False
-    out['memory'] = dict(details, hbm_bytes_per_device=per_device['hbm_bytes'])
-    req = details.get('required_bytes')
-    out['message'] = (f'Does NOT fit: the scoring step needs {_gib(req) if req else "?"} GiB '
-                      f'per device {where}. Lower --config.long_context.batch_size (the cache '
-                      'grows with it; more devices do not split it).')
-    return out
-  out['memory'] = _memory(compiled, per_device, params_bytes)
-  total = out['memory']['total_bytes']
-  out['fits'] = total <= per_device['hbm_bytes']
-  out['ruler_total_bytes'] = total + logits_bytes
-  out['ruler_fits'] = out['ruler_total_bytes'] <= per_device['hbm_bytes']
-  out['message'] = (
-      f'{"Fits" if out["fits"] else "Does NOT fit"}: the scoring step (loss by position, '
-      f'retrieval) needs {_gib(total)} GiB of {_gib(per_device["hbm_bytes"])} GiB per device '
-      f'{where}. RULER\'s generation also holds the prompt\'s float32 logits, twice while '
-      f'generate._prefill concatenates them ({_gib(logits_bytes)} GiB): '
-      f'{_gib(total + logits_bytes)} GiB, '
-      f'{"fits" if out["ruler_fits"] else "does NOT fit"}.')
   return out

@@ -6,6 +6,7 @@ lengths, batch_size, chunk) instead of the train step."""
 import json
 
 from gated_attention.compile import aot
+from gated_attention.compile import aot_long_context
 from gated_attention.config import schema
 from gated_attention.errors import ConfigError
 
@@ -19,7 +20,7 @@ def check(args):
 
 def main(args):
   if args.plan == 'long_context':
-    r = aot.long_context_report(args.config, args.topology)
+    r = aot_long_context.long_context_report(args.config, args.topology)
   elif args.fit_grad_accum or schema.is_auto(args.config.train.grad_accum):
     r = aot.fit_grad_accum(args.config, args.topology)
   else:
