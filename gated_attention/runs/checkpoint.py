@@ -1,7 +1,8 @@
-"""Checkpoints with orbax: parameters and optimizer state (sharded, async) and each process's
-data-iterator state (grain); the run's config.json beside them is rundir.py's.
-One file, one object: cadence, integrity, fallback and setting aside are what Checkpointer's
-save and restore do over orbax's manager, and they share its state.
+"""Orbax checkpoints, one file because one object: cadence, integrity, fallback and setting
+aside are what Checkpointer's save and restore do over orbax's manager, and they share its state.
+
+What is saved: parameters and optimizer state (sharded, async) and the data iterator's state
+(grain); the run's config.json beside them is rundir.py's.
 
 Layout: <workdir>/checkpoints/<step>/{state,data}. The training loop,
 the analysis and the notebooks all go through `Checkpointer` (the analysis opens it read-only

@@ -1,6 +1,5 @@
-"""The run directory: every file of a run, its saved config, and what may change on resume.
-One file, one concern: the names, the readers and the rules for opening a run again (resume,
-evaluation) stay together so that no other module knows a file name or a rule.
+"""The run directory, one file so that no other module knows a run's file name or rule: the
+names of its files, their readers, its saved config and what may change on resume or evaluation.
 
     RUN/config.json          the run's config (check_or_write_config writes it; read_config)
     RUN/metrics.jsonl        one JSON row per log / eval / event (read_metrics)
