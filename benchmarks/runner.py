@@ -9,7 +9,7 @@ cache, as an experiment's first invocation has). This file is also the probe's e
 
 Printed, for each --jobs value (one probe after the other, each from an empty directory): the
 runner's wall time, the runs' training arithmetic (each run's steps x its median step time,
-report.step_arithmetic) and their ratio (the goal: <= 1.2x), then where the rest goes, per run:
+rundata.step_arithmetic) and their ratio (the goal: <= 1.2x), then where the rest goes, per run:
 the training process's wall time beyond its arithmetic (start-up, compile, evaluations,
 checkpoints, and the analysis where main.py --analyze did it), a separate analysis process (0
 where there was none), and the runner's own time between them. The arithmetic is
@@ -67,14 +67,14 @@ def parse_args(argv):
 
 def breakdown(out: str) -> list[dict]:
   """Per run: training wall time and arithmetic, analysis wall time (runner.json, metrics)."""
-  from experiments import report  # pylint: disable=g-import-not-at-top
+  from experiments import rundata  # pylint: disable=g-import-not-at-top
   from gated_attention.runs import rundir  # pylint: disable=g-import-not-at-top
   rows = []
   for name in sorted(os.listdir(os.path.join(out, 'runs'))):
     workdir = os.path.join(out, 'runs', name)
-    state = report.read_runner(workdir)
+    state = rundata.read_runner(workdir)
     rows.append({'run': name, 'train_seconds': state.get('train_seconds', 0.0),
-                 'arithmetic': report.step_arithmetic(rundir.read_metrics(workdir)),
+                 'arithmetic': rundata.step_arithmetic(rundir.read_metrics(workdir)),
                  'analyze_seconds': state.get('analyze_seconds', 0.0)})
   return rows
 

@@ -58,3 +58,4 @@ SECOND_CUTOFF = lr_stability.DIVERGED_ABOVE   # 2.796, the unigram entropy
 COLUMNS = ['val_loss', 'train_loss', 'loss_spikes', 'f_attn_max', 'm_act_mean',
            'gate_score_mean', 'train_minutes']
 PER_SEED = ['val_loss']
+SPIKES_AFTER_WARMUP = True

@@ -1,6 +1,6 @@
 """Scaling in miniature: validation loss against model size and training compute, per variant.
 
-What experiments/report.py adds for an experiment file with SCALING = True (experiments/
+What the runner's tables add for an experiment file with SCALING = True (experiments/
 scaling_ladder.py): each run's size read off its saved config (non-embedding parameters, the
 paper's and Kaplan et al.'s N, and the training FLOPs C = FLOPs per token x tokens trained,
 model/transformer.py `train_flops_per_token`), a power law L = a * N^-alpha fitted per variant by

@@ -9,7 +9,7 @@ An experiment is a Python file under experiments/ with these module-level names:
   GRID = {'train.learning_rate': [1e-3, 3e-3]}  # optional: one group per combination
   VARIANT_OVERRIDES = {'g1_elementwise': {...}}  # optional: extra overrides of one variant
   ANALYZE_OVERRIDES = {'data.val_batches': 8}    # optional: --config.X of --mode=analyze
-  COLUMNS = ['val_loss', 'f_attn_mean', ...]     # table columns (experiments/report.py METRICS)
+  COLUMNS = ['val_loss', 'f_attn_mean', ...]     # table columns (experiments/rundata.py METRICS)
   PER_SEED = ['f_attn_max']                      # optional: columns that list each seed's value
   POINTS = [{'model.num_heads': 2}, {...}]       # optional: one group per dict of overrides
                                                  # (a one-factor-at-a-time sweep; with GRID,
@@ -28,6 +28,16 @@ An experiment is a Python file under experiments/ with these module-level names:
                                                  # on every seed, per variant
   DIVERGED_ABOVE = 3.24                          # optional, with STABILITY: a finished run above
                                                  # this final validation loss failed (collapsed)
+  SECOND_CUTOFF = 2.8                            # optional, with DIVERGED_ABOVE: the failures
+                                                 # counted again at this cutoff (the verdict at two)
+  SPIKES_AFTER_WARMUP = True                     # optional, with STABILITY: count only the spike
+                                                 # steps after each run's train.warmup_steps
+  PAIRED = 'baseline'                            # optional: each variant's validation loss
+                                                 # against this variant's, paired by seed
+                                                 # (experiments/paired.py)
+  PAPER = {'g1_elementwise': 0.265}              # optional, with PAIRED: the paper's difference
+                                                 # (the same sign) per variant, for the rank
+                                                 # agreement (Kendall's tau); PAPER_LABEL names it
   FORMED_BELOW = 1.17                            # optional: a run whose final validation loss is
                                                  # below this has formed the capability the
                                                  # task tests (e.g. retrieval): the table counts
@@ -109,6 +119,11 @@ class Experiment:
   formed_below: float | None = None
   stability: bool = False
   diverged_above: float | None = None
+  second_cutoff: float | None = None
+  spikes_after_warmup: bool = False
+  paired: str | None = None
+  paper: dict = dataclasses.field(default_factory=dict)
+  paper_label: str = ''
 
   def analyze_args(self, workdir: str) -> list[str]:
     return ['main.py', '--mode=analyze', f'--workdir={workdir}'] + [
@@ -251,6 +266,36 @@ def _diverged_above(path: str, m) -> float | None:
   return float(value)
 
 
+def _second_cutoff(path: str, m) -> float | None:
+  value = getattr(m, 'SECOND_CUTOFF', None)
+  if value is None:
+    return None
+  if getattr(m, 'DIVERGED_ABOVE', None) is None:
+    raise ExperimentError(f'{path}: SECOND_CUTOFF is read only with DIVERGED_ABOVE (and '
+                          'STABILITY = True).')
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    raise ExperimentError(f'{path}: SECOND_CUTOFF must be a positive validation loss (nats a '
+                          f'token), e.g. 2.8; it is {value!r}.')
+  return float(value)
+
+
+def _paired(path: str, m, variants) -> tuple[str | None, dict, str]:
+  """PAIRED (a variant in VARIANTS), PAPER (variant -> number, in VARIANTS), PAPER_LABEL."""
+  ref, paper = getattr(m, 'PAIRED', None), getattr(m, 'PAPER', {})
+  if ref is None:
+    if paper:
+      raise ExperimentError(f'{path}: PAPER is read only with PAIRED (the variant the others are '
+                            "compared with, e.g. PAIRED = 'baseline').")
+    return None, {}, ''
+  if ref not in variants:
+    raise ExperimentError(f'{path}: PAIRED = {ref!r} is not in VARIANTS ({variants}).')
+  if not isinstance(paper, dict) or set(paper) - set(variants) or not all(
+      isinstance(v, (int, float)) and not isinstance(v, bool) for v in paper.values()):
+    raise ExperimentError(f'{path}: PAPER must be a dict from names in VARIANTS to numbers (the '
+                          f'paper\'s difference to {ref}); it is {paper!r}.')
+  return ref, {k: float(v) for k, v in paper.items()}, str(getattr(m, 'PAPER_LABEL', ''))
+
+
 def _check_long_context(path: str, m):
   labels = dict(getattr(m, 'LONG_CONTEXT', {}))
   for label, overrides in labels.items():
@@ -344,6 +389,7 @@ def load(path: str, known_columns) -> Experiment:
         overrides = {**common, **per_variant.get(variant, {}), **chosen, **dict(point)}
         for seed in seeds:
           runs.append(Run(f'{group}_s{seed}', group, variant, seed, tuple(overrides.items())))
+  paired, paper, paper_label = _paired(path, m, variants)
   name = getattr(m, 'NAME', os.path.splitext(os.path.basename(path))[0])
   doc = (m.__doc__ or '').strip()
   return Experiment(name=name, path=path, title=getattr(m, 'TITLE', doc.split('\n')[0] or name),
@@ -357,6 +403,9 @@ def load(path: str, known_columns) -> Experiment:
                     formed_below=_formed_below(path, getattr(m, 'FORMED_BELOW', None)),
                     stability=bool(getattr(m, 'STABILITY', False)),
                     diverged_above=_diverged_above(path, m),
+                    second_cutoff=_second_cutoff(path, m),
+                    spikes_after_warmup=bool(getattr(m, 'SPIKES_AFTER_WARMUP', False)),
+                    paired=paired, paper=paper, paper_label=paper_label,
                     long_context_overrides=dict(getattr(m, 'LONG_CONTEXT_OVERRIDES', {})))
 
 

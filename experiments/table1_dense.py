@@ -33,3 +33,14 @@ OVERRIDES = {
 COLUMNS = ['params', 'val_loss', 'ppl', 'f_attn_max', 'm_act_mean', 'gate_score_mean',
            'loss_spikes', 'train_minutes']
 PER_SEED = ['val_loss']
+# Analysis (experiments/paired.py): each variant against the baseline, paired by seed, and the
+# rank agreement with the paper's differences (baseline PPL minus the variant's; 15A2B MoE, 400B
+# tokens). The positions' values are the authors' (Table 1; figs/plot_compare.ipynb of
+# qiuzh20/gated_attention: baseline 6.026, G1 5.761, G2 5.820, G3 6.016, G4 5.981, G5 6.017);
+# headwise, head-shared, input-independent and NS-sigmoid from Table 4 (5.792, 5.801, 5.917,
+# 5.900). The other rows of Table 1 are not transcribed here, so they have no paper value.
+PAIRED = 'baseline'
+PAPER = {'g1_elementwise': 0.265, 'g1_headwise': 0.234, 'g1_headshared': 0.225,
+         'g2_elementwise': 0.206, 'g3_elementwise': 0.010, 'g4_elementwise': 0.045,
+         'g5_elementwise': 0.009, 'g1_input_independent': 0.109, 'g1_ns_sigmoid': 0.126}
+PAPER_LABEL = 'PPL, baseline minus variant, 15A2B MoE'

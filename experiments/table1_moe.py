@@ -17,3 +17,6 @@ VARIANTS = ['baseline', 'g1_elementwise', 'baseline_more_experts', 'g1_headwise'
 OVERRIDES = dict(table1_dense.OVERRIDES)
 COLUMNS = list(table1_dense.COLUMNS)
 PER_SEED = list(table1_dense.PER_SEED)
+PAIRED = 'baseline'
+PAPER = {'g1_elementwise': 0.265, 'g1_headwise': 0.234}
+PAPER_LABEL = table1_dense.PAPER_LABEL

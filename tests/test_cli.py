@@ -9,7 +9,7 @@ import re
 import ml_collections
 import pytest
 
-from experiments import run as runner
+from experiments import processes
 from gated_attention import modes
 
 HINT = '(--verbosity=1 or GATED_ATTENTION_TRACEBACK=1 shows the traceback.)'
@@ -18,7 +18,7 @@ HINT = '(--verbosity=1 or GATED_ATTENTION_TRACEBACK=1 shows the traceback.)'
 def main_py(tmp_path, *argv) -> tuple[int, str]:
   """main.py's exit status and output (forked from the runner's preloaded server)."""
   log = str(tmp_path / 'main.log')
-  rc, _ = runner._call(['main.py', *argv], log)   # pylint: disable=protected-access
+  rc, _ = processes.call(['main.py', *argv], log)   # pylint: disable=protected-access
   with open(log) as f:
     return rc, f.read()
 

@@ -10,7 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from experiments import report, run, spec
+from experiments import (figures, processes, rundata, run, running, sections, spec, stability, stats,
+                         tables)
 
 EXPERIMENT = textwrap.dedent('''\
     """Tiny runner check
@@ -50,7 +51,7 @@ def _table_rows(text):
 
 def test_table_figures_and_records(finished):
   _, out, results = finished
-  for name in report.figure_names(spec.load(str(finished[0]), report.METRICS)) + (
+  for name in sections.figure_names(spec.load(str(finished[0]), rundata.METRICS)) + (
       'results.md', 'summary.json'):
     assert (out / name).stat().st_size > 0
   rows = _table_rows((out / 'results.md').read_text())
@@ -78,8 +79,8 @@ def test_table_figures_and_records(finished):
   assert text.startswith('# Results\n\nKept text.\n')
   assert text.count('<!-- experiment:tiny -->') == 1
   assert '## Tiny runner check' in text and 'Commit: `' in text and '| baseline | 1/1 |' in text
-  assert not (out / report.LONG_CONTEXT_FIGURE).exists()     # no LONG_CONTEXT in this experiment
-  for name in report.FIGURES:
+  assert not (out / figures.LONG_CONTEXT_FIGURE).exists()     # no LONG_CONTEXT in this experiment
+  for name in figures.FIGURES:
     assert (results.parent / 'figures' / 'tiny' / name).is_file()
 
 
@@ -131,37 +132,37 @@ def test_a_run_that_ends_spiking_is_analysed_at_its_last_calm_checkpoint(tmp_pat
   monkeypatch.setattr(runs_lib, 'read_config', lambda w: Cfg)
   monkeypatch.setattr(runs_lib, 'read_metrics', lambda w, **k: rows)
   monkeypatch.setattr(runs_lib, 'latest_step', lambda w: 5)
-  assert run._ended_spiking('w') == 5
+  assert running.ended_spiking('w') == 5
   monkeypatch.setattr(runs_lib, 'latest_step', lambda w: 10)   # the last step was saved
-  assert run._ended_spiking('w') is None
+  assert running.ended_spiking('w') is None
   monkeypatch.setattr(runs_lib, 'latest_step', lambda w: 5)
   rows.pop()                                                    # stopped before the end
-  assert run._ended_spiking('w') is None
+  assert running.ended_spiking('w') is None
   rows.append({'split': 'train', 'step': 10})
 
   path = tmp_path / 'tiny.py'
   path.write_text(EXPERIMENT)
-  exp = spec.load(str(path), report.METRICS)
+  exp = spec.load(str(path), rundata.METRICS)
   calls = []
-  monkeypatch.setattr(run, '_call', lambda args, log: (calls.append(args[1]), (0, 2.0))[1])
-  state = run.execute(exp, exp.runs[0], str(tmp_path / 'out'))
+  monkeypatch.setattr(processes, 'call', lambda args, log: (calls.append(args[1]), (0, 2.0))[1])
+  state = running.execute(exp, exp.runs[0], str(tmp_path / 'out'))
   assert calls == [exp.runs[0].train_args(exp.scale, '')[1], '--mode=analyze']
   assert state['status'] == 'done' and state['ended_spiking'] == 5
-  res = report.Result(run=exp.runs[0], runner=state, report=None, rows=[])
-  assert report._runs_cell([res]) == '1/1 (1 ended spiking, analysed at step 5)'
+  res = rundata.Result(run=exp.runs[0], runner=state, report=None, rows=[])
+  assert tables.runs_cell([res]) == '1/1 (1 ended spiking, analysed at step 5)'
 
 
 def test_the_compilation_cache_is_not_part_of_what_a_run_trains(tmp_path):
   cmd = spec.shell(['main.py', '--config=configs/baseline.py:tiny', '--config.seed=1'], 'python')
   flag = ' --config.compilation_cache='
-  assert run._same_command(cmd + flag + '/a', cmd + flag + '/b')
-  assert run._same_command(cmd, cmd + flag + '/b')
-  assert run._same_command(cmd, cmd + ' --analyze')      # the analysis in the training process
-  assert not run._same_command(cmd, cmd.replace('seed=1', 'seed=2'))
-  assert not run._same_command(None, cmd)
-  assert run.cache_dir(str(tmp_path), '') == str(tmp_path / 'xla_cache')
-  assert run.cache_dir(str(tmp_path), 'off') == ''
-  assert run.cache_dir(str(tmp_path), 'c') == os.path.abspath('c')
+  assert running.same_command(cmd + flag + '/a', cmd + flag + '/b')
+  assert running.same_command(cmd, cmd + flag + '/b')
+  assert running.same_command(cmd, cmd + ' --analyze')      # the analysis in the training process
+  assert not running.same_command(cmd, cmd.replace('seed=1', 'seed=2'))
+  assert not running.same_command(None, cmd)
+  assert running.cache_dir(str(tmp_path), '') == str(tmp_path / 'xla_cache')
+  assert running.cache_dir(str(tmp_path), 'off') == ''
+  assert running.cache_dir(str(tmp_path), 'c') == os.path.abspath('c')
 
 
 def test_step_arithmetic_is_steps_times_the_median_step_time_after_the_compile():
@@ -170,9 +171,9 @@ def test_step_arithmetic_is_steps_times_the_median_step_time_after_the_compile()
           {'split': 'train', 'step': 10, 'step_time': 0.2},
           {'split': 'train', 'step': 15, 'step_time': 0.1},
           {'split': 'train', 'step': 20, 'step_time': 0.4}]
-  assert report.step_arithmetic(rows) == pytest.approx(20 * 0.2)
-  assert report.step_arithmetic(rows[:1]) == pytest.approx(5 * 9.0)
-  assert report.step_arithmetic([]) == 0.0
+  assert rundata.step_arithmetic(rows) == pytest.approx(20 * 0.2)
+  assert rundata.step_arithmetic(rows[:1]) == pytest.approx(5 * 9.0)
+  assert rundata.step_arithmetic([]) == 0.0
 
 
 def test_print_commands(finished, capsys):
@@ -203,7 +204,7 @@ def test_bad_experiment_files(tmp_path, capsys):
   ok = tmp_path / 'ok.py'
   ok.write_text("VARIANTS = ['baseline']\nSEEDS = [0, 1]\n"
                 "GRID = {'train.learning_rate': [1e-3, 3e-3]}\n")
-  exp = spec.load(str(ok), report.METRICS)
+  exp = spec.load(str(ok), rundata.METRICS)
   assert [r.name for r in exp.runs][:2] == ['baseline_learning_rate=0.001_s0',
                                            'baseline_learning_rate=0.001_s1']
   assert exp.groups() == ['baseline_learning_rate=0.001', 'baseline_learning_rate=0.003']
@@ -212,15 +213,15 @@ def test_bad_experiment_files(tmp_path, capsys):
 
 
 def test_mean_and_std_cells():
-  assert report._cell([1.0, 2.0, 3.0], '.2f') == '2.00 ± 1.00'
-  assert report._cell([1.0, 2.0, 3.0], '.2f', per_seed=True) == '2.00 ± 1.00 (1.00, 2.00, 3.00)'
-  assert report._cell([0.5, None], '.1f') == '0.5'
-  assert report._cell([[0.1, 0.9], [0.3, 0.7]], '.1f') == '0.2 / 0.8'
-  assert report._cell([None], '.1f') == '-'
-  assert report._cell([1.0, 0.0, None, 1.0], 'count') == '2/3'
-  assert report._cell([24800, 24800], '=,.0f') == '24,800'
-  assert report._cell([2.5e10, 2.6e10], '=.3g') == '2.5e+10 / 2.6e+10'
-  assert report._cell(['L0 ffn_out', 'L1 attn_out', 'L0 ffn_out'], 'mode') == (
+  assert tables.cell([1.0, 2.0, 3.0], '.2f') == '2.00 ± 1.00'
+  assert tables.cell([1.0, 2.0, 3.0], '.2f', per_seed=True) == '2.00 ± 1.00 (1.00, 2.00, 3.00)'
+  assert tables.cell([0.5, None], '.1f') == '0.5'
+  assert tables.cell([[0.1, 0.9], [0.3, 0.7]], '.1f') == '0.2 / 0.8'
+  assert tables.cell([None], '.1f') == '-'
+  assert tables.cell([1.0, 0.0, None, 1.0], 'count') == '2/3'
+  assert tables.cell([24800, 24800], '=,.0f') == '24,800'
+  assert tables.cell([2.5e10, 2.6e10], '=.3g') == '2.5e+10 / 2.6e+10'
+  assert tables.cell(['L0 ffn_out', 'L1 attn_out', 'L0 ffn_out'], 'mode') == (
       'L0 ffn_out (2/3), L1 attn_out (1/3)')
 
 
@@ -230,16 +231,16 @@ def test_sinks_counted_per_layer_with_wilson_intervals():
   0/12 -> [0, 0.243], 12/12 -> [0.757, 1])."""
   for (k, n), (lo, hi) in {(5, 10): (0.2366, 0.7634), (0, 12): (0.0, 0.2425),
                            (12, 12): (0.7575, 1.0)}.items():
-    assert report.wilson_interval(k, n) == pytest.approx((lo, hi), abs=1e-4)
+    assert stats.wilson_interval(k, n) == pytest.approx((lo, hi), abs=1e-4)
   reports = [{'f_attn': [0.9, 0.1]}, {'f_attn': [0.05, 0.35]}, {'f_attn': [0.29, 0.3]}]
-  results = [report.Result(run=None, runner={}, report=r, rows=[]) for r in reports]
-  per_layer = [report.METRICS['sink_layers'][1](r) for r in results]
+  results = [rundata.Result(run=None, runner={}, report=r, rows=[]) for r in reports]
+  per_layer = [rundata.METRICS['sink_layers'][1](r) for r in results]
   assert per_layer == [[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]
-  assert report._cell(per_layer, 'layer_count') == ('L0 1/3 [0.06, 0.79], '
+  assert tables.cell(per_layer, 'layer_count') == ('L0 1/3 [0.06, 0.79], '
                                                      'L1 2/3 [0.21, 0.94]')
-  assert [report.METRICS['sink_layer'][1](r) for r in results] == ['L0', 'L1', 'L1']
-  none = report.Result(run=None, runner={}, report={'f_attn': [0.1, 0.2]}, rows=[])
-  assert report.METRICS['sink_layer'][1](none) == 'none'
+  assert [rundata.METRICS['sink_layer'][1](r) for r in results] == ['L0', 'L1', 'L1']
+  none = rundata.Result(run=None, runner={}, report={'f_attn': [0.1, 0.2]}, rows=[])
+  assert rundata.METRICS['sink_layer'][1](none) == 'none'
 
 
 def _m_act_report(values, tokens, texts):
@@ -257,20 +258,20 @@ def test_m_act_origin_is_the_first_site_reaching_half_the_peak():
   tokens = {s: [0, 0] for s in sites}
   tokens['attn_out'] = [7, 9]
   texts = {s: ['<bos>' if t == 0 else 'x' for t in tokens[s]] for s in sites}
-  o = report.m_act_origin(_m_act_report(values, tokens, texts))
+  o = rundata.m_act_origin(_m_act_report(values, tokens, texts))
   assert (o['layer'], o['site'], o['token'], o['token_text'], o['first_token']) == (
       0, 'ffn_out', 0, '<bos>', True)
   assert o['peak'] == 1000.0 and o['value'] == 600.0
   # A smaller value earlier no longer counts once the threshold is above it.
-  o = report.m_act_origin(_m_act_report(values, tokens, texts), share=0.9)
+  o = rundata.m_act_origin(_m_act_report(values, tokens, texts), share=0.9)
   assert (o['layer'], o['site']) == (1, 'ffn_residual')
   values['attn_out'] = [900.0, 5.0]
-  o = report.m_act_origin(_m_act_report(values, tokens, texts))
+  o = rundata.m_act_origin(_m_act_report(values, tokens, texts))
   assert (o['layer'], o['site'], o['token'], o['first_token']) == (0, 'attn_out', 7, False)
-  res = report.Result(run=None, runner={}, report=_m_act_report(values, tokens, texts), rows=[])
-  assert report.METRICS['m_act_origin'][1](res) == 'L0 attn_out'
-  assert report.METRICS['m_act_bos'][1](res) is False
-  assert report.m_act_origin({}) is None
+  res = rundata.Result(run=None, runner={}, report=_m_act_report(values, tokens, texts), rows=[])
+  assert rundata.METRICS['m_act_origin'][1](res) == 'L0 attn_out'
+  assert rundata.METRICS['m_act_bos'][1](res) is False
+  assert rundata.m_act_origin({}) is None
 
 
 def test_points_expand_into_groups_and_per_seed_must_be_a_column(tmp_path):
@@ -280,7 +281,7 @@ def test_points_expand_into_groups_and_per_seed_must_be_a_column(tmp_path):
                   "POINTS = [{}, {'model.num_heads': 2, 'model.head_dim': 64}]\n"
                   "GRID = {'train.learning_rate': [1e-3]}\n"
                   "COLUMNS = ['f_attn_max', 'sink_seeds']\nPER_SEED = ['f_attn_max']\n")
-  exp = spec.load(str(path), report.METRICS)
+  exp = spec.load(str(path), rundata.METRICS)
   assert exp.groups() == [
       'baseline_learning_rate=0.001', 'baseline_num_heads=2_head_dim=64_learning_rate=0.001',
       'g1_elementwise_learning_rate=0.001',
@@ -291,21 +292,21 @@ def test_points_expand_into_groups_and_per_seed_must_be_a_column(tmp_path):
                                     'train.learning_rate': 1e-3}
   path.write_text("VARIANTS = ['baseline']\nCOLUMNS = ['val_loss']\nPER_SEED = ['f_attn_max']\n")
   with pytest.raises(spec.ExperimentError, match=r"PER_SEED names \['f_attn_max'\]"):
-    spec.load(str(path), report.METRICS)
+    spec.load(str(path), rundata.METRICS)
   path.write_text("VARIANTS = ['baseline']\nPOINTS = [{'a.b': 1}, {'a.b': 1}]\n")
   with pytest.raises(spec.ExperimentError, match='POINTS has a repeated point'):
-    spec.load(str(path), report.METRICS)
+    spec.load(str(path), rundata.METRICS)
   path.write_text("VARIANTS = ['baseline']\nPOINTS = {'a.b': 1}\n")
   with pytest.raises(spec.ExperimentError, match='POINTS must be a list of dicts'):
-    spec.load(str(path), report.METRICS)
+    spec.load(str(path), rundata.METRICS)
 
 
 def test_commit_line_names_the_training_commits(monkeypatch):
-  monkeypatch.setattr(run, 'git_commit', lambda: 'abc1234')
-  res = lambda c: report.Result(run=None, runner={'git_commit': c} if c else {}, report=None,
+  monkeypatch.setattr(processes, 'git_commit', lambda: 'abc1234')
+  res = lambda c: rundata.Result(run=None, runner={'git_commit': c} if c else {}, report=None,
                                 rows=[])
-  assert run._commits([res('abc1234'), res(None)]) == '`abc1234`'
-  assert run._commits([res('0d38440'), res('abc1234'), res('0d38440')]) == (
+  assert sections.commits([res('abc1234'), res(None)]) == '`abc1234`'
+  assert sections.commits([res('0d38440'), res('abc1234'), res('0d38440')]) == (
       '`abc1234` (runs trained at `0d38440`, `abc1234`)')
 
 
@@ -333,31 +334,31 @@ def test_a_run_stopped_inside_the_long_context_stage_is_not_finished(tmp_path):
   only once every LONG_CONTEXT label has its report, so a stopped runner resumes the stage."""
   path = tmp_path / 'lc.py'
   path.write_text(LONG_CONTEXT_EXPERIMENT)
-  experiment = spec.load(str(path), report.METRICS)
+  experiment = spec.load(str(path), rundata.METRICS)
   (r,) = experiment.runs
   out = str(tmp_path / 'out')
   workdir = os.path.join(out, 'runs', r.name)
   os.makedirs(workdir)
   command = spec.shell(r.train_args(experiment.scale, workdir), 'python')
   os.makedirs(os.path.join(workdir, 'checkpoints', '4'))
-  run._write_runner(workdir, {'status': 'long context', 'command': command})
-  assert not run._finished(experiment, r, out)
-  run._write_runner(workdir, {'status': 'done', 'command': command})
-  assert not run._finished(experiment, r, out)
-  evaluated = report.extended_dir(workdir)
+  running.write_runner(workdir, {'status': 'long context', 'command': command})
+  assert not running.finished(experiment, r, out)
+  running.write_runner(workdir, {'status': 'done', 'command': command})
+  assert not running.finished(experiment, r, out)
+  evaluated = rundata.extended_dir(workdir)
   for i, label in enumerate(experiment.long_context):
-    assert not run._finished(experiment, r, out)
+    assert not running.finished(experiment, r, out)
     os.makedirs(os.path.join(evaluated, 'long_context', label))
     with open(os.path.join(evaluated, 'long_context', label, 'report.json'), 'w') as f:
       json.dump({'label': label}, f)
-  assert i == 1 and run._finished(experiment, r, out)
+  assert i == 1 and running.finished(experiment, r, out)
   # More train.steps in the file than the run has (a runner stopped before training them).
   r8 = dataclasses.replace(
       r, overrides=tuple((k, 8 if k == 'train.steps' else v) for k, v in r.overrides))
-  run._write_runner(workdir, {'status': 'done',
+  running.write_runner(workdir, {'status': 'done',
                               'command': spec.shell(r8.train_args(experiment.scale, workdir),
                                                     'python')})
-  assert not run._finished(experiment, r8, out)
+  assert not running.finished(experiment, r8, out)
 
 
 def test_an_extension_of_an_older_checkpoint_is_moved_aside_not_deleted(tmp_path):
@@ -368,11 +369,11 @@ def test_an_extension_of_an_older_checkpoint_is_moved_aside_not_deleted(tmp_path
   (extended / 'checkpoints' / '750').mkdir(parents=True)
   (workdir / 'extend.log').write_text(
       f'$ python main.py ...\nInitialised from {workdir} (step 6000): parameters only, ...\n')
-  run._set_aside_stale_extension(str(workdir), str(extended))  # from the latest: kept in place
+  running.set_aside_stale_extension(str(workdir), str(extended))  # from the latest: kept in place
   assert (extended / 'checkpoints' / '750').is_dir()
   (workdir / 'extend.log').write_text(
       f'$ python main.py ...\nInitialised from {workdir} (step 3000): parameters only, ...\n')
-  run._set_aside_stale_extension(str(workdir), str(extended))
+  running.set_aside_stale_extension(str(workdir), str(extended))
   aside = workdir / 'extended.from_step_3000'
   assert not extended.exists() and (aside / 'checkpoints' / '750').is_dir()
   assert '(step 3000)' in (aside / 'extend.log').read_text()
@@ -436,7 +437,7 @@ def test_extension_and_long_context_stages(tmp_path, capsys):
   cells = row.split(' | ')
   assert float(cells[2]) > 0 and float(cells[3]) > 0 and cells[4] == '-'  # niah needs 81 tokens
   assert 0 <= float(cells[5].rstrip(' |')) <= 100
-  assert (out / report.LONG_CONTEXT_FIGURE).stat().st_size > 0
+  assert (out / figures.LONG_CONTEXT_FIGURE).stat().st_size > 0
   logs = {name: (workdir / name).stat().st_size for name in ('extend.log', 'long_context.log')}
   capsys.readouterr()
   assert run.main([str(path), '--out', str(out)]) == 0       # everything done: nothing reruns
@@ -447,7 +448,7 @@ def test_extension_and_long_context_stages(tmp_path, capsys):
   assert run.main([str(path), '--out', str(out)]) == 0
   assert (workdir / 'extend.log').stat().st_size == extend_log
   assert (workdir / 'long_context.log').stat().st_size > logs['long_context.log']
-  assert report.read_long_context(str(workdir / 'extended'), 'yarn')['train_seq_len'] == 64
+  assert rundata.read_long_context(str(workdir / 'extended'), 'yarn')['train_seq_len'] == 64
   assert json.loads((workdir / 'runner.json').read_text())['status'] == 'done'
   # More steps in the experiment file: the run trains on from its checkpoint (its recorded
   # command differs), and the extension of the older model is moved aside, kept, and redone.
@@ -458,7 +459,7 @@ def test_extension_and_long_context_stages(tmp_path, capsys):
   assert sorted(os.listdir(workdir / 'checkpoints'))[-1] == '8'
   assert 'Initialised from' in (workdir / 'extended.from_step_4' / 'extend.log').read_text()
   assert '(step 8)' in (workdir / 'extend.log').read_text()
-  assert report.read_long_context(str(workdir / 'extended'), 'yarn') is not None
+  assert rundata.read_long_context(str(workdir / 'extended'), 'yarn') is not None
   assert (workdir / 'extended.from_step_4' / 'long_context' / 'rope' / 'report.json').is_file()
   path.write_text(LONG_CONTEXT_EXPERIMENT)
   capsys.readouterr()
@@ -469,13 +470,15 @@ def test_extension_and_long_context_stages(tmp_path, capsys):
 
 @pytest.mark.parametrize('name', sorted(f[:-3] for f in os.listdir(spec.REPO + '/experiments')
                                         if f.endswith('.py') and f not in
-                                        ('__init__.py', 'run.py', 'spec.py', 'report.py',
-                                         'scaling.py')))
+                                        ('__init__.py', 'run.py', 'spec.py', 'scaling.py',
+                                         'rundata.py', 'tables.py', 'stability.py', 'figures.py',
+                                         'sections.py', 'processes.py', 'running.py',
+                                         'stats.py', 'paired.py', 'divergence.py')))
 def test_committed_experiment_files_load_and_name_real_config_fields(name):
   """Each experiments/<name>.py loads, and every override names a field of its variants' configs
   (a typo would otherwise fail its first run after minutes of training)."""
   import importlib  # pylint: disable=g-import-not-at-top
-  exp = spec.load(os.path.join(spec.REPO, 'experiments', f'{name}.py'), report.METRICS)
+  exp = spec.load(os.path.join(spec.REPO, 'experiments', f'{name}.py'), rundata.METRICS)
   extra = {**exp.analyze_overrides, **exp.long_context_overrides,
            **{k: v for lc in exp.long_context.values() for k, v in lc.items()}}
   for r in exp.runs:
@@ -495,18 +498,18 @@ SEEDS_EXPERIMENT = EXPERIMENT.replace("VARIANTS = ['baseline', 'g1_elementwise']
 def test_a_groups_seeds_are_one_unit_unless_batching_is_off(tmp_path):
   path = tmp_path / 'seeds.py'
   path.write_text(SEEDS_EXPERIMENT)
-  experiment = spec.load(str(path), report.METRICS)
+  experiment = spec.load(str(path), rundata.METRICS)
   out = str(tmp_path / 'out')
-  (unit,) = run._units(experiment, experiment.runs, out, True)
+  (unit,) = running.units(experiment, experiment.runs, out, True)
   assert [r.name for r in unit] == ['g1_elementwise_s0', 'g1_elementwise_s1']
-  assert [len(u) for u in run._units(experiment, experiment.runs, out, False)] == [1, 1]
-  assert [len(u) for u in run._units(experiment, experiment.runs[:1], out, True)] == [1]
+  assert [len(u) for u in running.units(experiment, experiment.runs, out, False)] == [1, 1]
+  assert [len(u) for u in running.units(experiment, experiment.runs[:1], out, True)] == [1]
   args = spec.seeds_train_args(unit, 'tiny', os.path.join(out, 'runs', 'g1_elementwise_s{seed}'))
   single = unit[0].train_args('tiny', os.path.join(out, 'runs', 'g1_elementwise_s0'))
   assert '--seeds=0,1' in args and not any(a.startswith('--config.seed=') for a in args)
   assert args[4:] == single[4:]                # the same overrides as each seed's single run
   os.makedirs(os.path.join(out, 'runs', 'g1_elementwise_s1', 'checkpoints', '5'))
-  assert [len(u) for u in run._units(experiment, experiment.runs, out, True)] == [1, 1]
+  assert [len(u) for u in running.units(experiment, experiment.runs, out, True)] == [1, 1]
 
 
 @pytest.mark.slow  # one batched training and two analyses in subprocesses (~40 s)
@@ -537,7 +540,7 @@ def test_long_context_tables_name_a_synthetic_retrieval_task(tmp_path):
   path = tmp_path / 'lc.py'
   path.write_text(LONG_CONTEXT_EXPERIMENT.replace("VARIANTS = ['g1_elementwise']",
                                                   "VARIANTS = ['g1_elementwise']\nSEEDS = [0, 1]"))
-  exp = spec.load(str(path), report.METRICS)
+  exp = spec.load(str(path), rundata.METRICS)
 
   def rep(acc):
     return {'lengths': [32, 128], 'rope_tag': 'rope1e+06', 'step': 2, 'train_seq_len': 64,
@@ -548,14 +551,14 @@ def test_long_context_tables_name_a_synthetic_retrieval_task(tmp_path):
             'ruler': {'mqar': {'32': acc, '128': acc / 2}},
             'retrieval': {'task': 'mqar', 'documents': 8, 'lengths': {}}}
 
-  results = [report.Result(r, {'status': 'done'}, None, [], {'rope': rep(a), 'yarn': rep(a)})
+  results = [rundata.Result(r, {'status': 'done'}, None, [], {'rope': rep(a), 'yarn': rep(a)})
              for r, a in zip(exp.runs, (0.5, 0.7))]
-  text = report.long_context_tables(exp, results)
+  text = tables.long_context_tables(exp, results)
   assert 'mqar: % of the answers exact (teacher-forced greedy), 8 held-out documents' in text
   assert '| run | seeds | loss 0-32 | loss 32-128 | mqar 32 | mqar 128 |' in text
   row = next(l for l in text.splitlines() if l.startswith('| g1_elementwise | 2/2 | '))
   assert row.split(' | ')[4:] == ['60 ± 14 (50, 70)', '30 ± 7 (25, 35) |']
-  assert report.long_context_figure(exp, results) is not None
+  assert figures.long_context_figure(exp, results) is not None
 
 
 def _fisher_two_sided(a: int, n1: int, c: int, n2: int) -> float:
@@ -580,7 +583,7 @@ def test_formation_counted_with_interval_first_step_and_fisher(tmp_path):
       "VARIANTS = ['g1_elementwise']",
       "VARIANTS = ['baseline', 'g1_elementwise']\nSEEDS = [0, 1, 2, 3, 4, 5]\n"
       "FORMED_BELOW = 1.17"))
-  exp = spec.load(str(path), report.METRICS)
+  exp = spec.load(str(path), rundata.METRICS)
   assert exp.formed_below == 1.17
   rng = np.random.default_rng(0)
   finals = {'baseline': [1.30, 1.04, 1.05, 1.10, 1.16, 1.29],
@@ -602,39 +605,39 @@ def test_formation_counted_with_interval_first_step_and_fisher(tmp_path):
   for r in exp.runs:
     final = finals[r.variant][r.seed]
     rs = rows(final)
-    results.append(report.Result(r, {'status': 'done'}, {'loss': final}, rs,
+    results.append(rundata.Result(r, {'status': 'done'}, {'loss': final}, rs,
                                  {'rope': rep(0.9 if final < 1.17 else 0.5)}))
     want = next((x['step'] for x in rs if x['split'] == 'val' and x['loss'] < 1.17), None)
-    assert report.formed_at(rs, 1.17) == want
-  assert report.formed_at([{'split': 'train', 'step': 5, 'loss': 0.1}], 1.17) is None
-  counts = report.formation_counts(exp, results)
+    assert rundata.formed_at(rs, 1.17) == want
+  assert rundata.formed_at([{'split': 'train', 'step': 5, 'loss': 0.1}], 1.17) is None
+  counts = tables.formation_counts(exp, results)
   assert counts['baseline']['formed'] == 4 and counts['baseline']['seeds'] == [1, 2, 3, 4]
   assert counts['g1_elementwise']['seeds'] == [4] and counts['baseline']['fisher_p'] is None
   assert counts['g1_elementwise']['fisher_p'] == pytest.approx(_fisher_two_sided(4, 6, 1, 6))
   assert counts['g1_elementwise']['fisher_p'] == pytest.approx(0.2424, abs=1e-4)
-  assert counts['g1_elementwise']['interval'] == pytest.approx(report.wilson_interval(1, 6))
+  assert counts['g1_elementwise']['interval'] == pytest.approx(stats.wilson_interval(1, 6))
   assert counts['baseline']['formed_at']['0'] is None
   assert counts['baseline']['formed_at']['4'] == 3000  # only its last evaluation is below
   for a, n1, c, n2 in [(0, 6, 6, 6), (3, 16, 9, 16), (5, 7, 1, 12)]:  # the definition, again
     groups = {'baseline': [1.0] * a + [1.3] * (n1 - a),
               'g1_elementwise': [1.0] * c + [1.3] * (n2 - c)}
-    fake = [report.Result(spec.Run(f'{g}_s{i}', g, g, i, ()), {'status': 'done'}, {'loss': v}, [])
+    fake = [rundata.Result(spec.Run(f'{g}_s{i}', g, g, i, ()), {'status': 'done'}, {'loss': v}, [])
             for g, vs in groups.items() for i, v in enumerate(vs)]
-    assert report.formation_counts(exp, fake)['g1_elementwise']['fisher_p'] == pytest.approx(
+    assert tables.formation_counts(exp, fake)['g1_elementwise']['fisher_p'] == pytest.approx(
         _fisher_two_sided(a, n1, c, n2))
-  text = report.formation(exp, results)
+  text = tables.formation(exp, results)
   assert '| g1_elementwise | 1/6 | [0.03, 0.56] | s0 -, s1 -, s2 -, s3 -, s4 ' in text
-  tables = report.long_context_tables(exp, results)
+  text = tables.long_context_tables(exp, results)
   assert ('| baseline, formed (s1, s2, s3, s4) | 4/4 | 1.000 ± 0.000 | 90 ± 0 (90, 90, 90, 90) |'
-          in tables)
-  assert '| g1_elementwise, formed (s4) | 1/1 | 1.000 | 90.0 |' in tables
-  fig = report.long_context_figure(exp, results)     # the formed runs alone
+          in text)
+  assert '| g1_elementwise, formed (s4) | 1/1 | 1.000 | 90.0 |' in text
+  fig = figures.long_context_figure(exp, results)     # the formed runs alone
   assert [line.get_label() for line in fig.axes[0].lines if not line.get_label().startswith('_')
           ] == ['baseline, formed (n=4)', 'g1_elementwise, formed (n=1)']
   for bad in ('0', "'1.2'", 'True', '-1.0'):
     path.write_text(LONG_CONTEXT_EXPERIMENT + f'FORMED_BELOW = {bad}\n')
     with pytest.raises(spec.ExperimentError, match='FORMED_BELOW must be a positive'):
-      spec.load(str(path), report.METRICS)
+      spec.load(str(path), rundata.METRICS)
 
 
 def test_stability_counts_failures_per_rate_with_interval_fisher_and_largest_stable(tmp_path):
@@ -647,7 +650,7 @@ def test_stability_counts_failures_per_rate_with_interval_fisher_and_largest_sta
   path.write_text(EXPERIMENT.replace('SEEDS = [0]', 'SEEDS = [0, 1, 2, 3, 4]') +
                   "GRID = {'train.learning_rate': [0.01, 0.03, 0.1]}\nSTABILITY = True\n"
                   'DIVERGED_ABOVE = 3.0\n')
-  exp = spec.load(str(path), report.METRICS)
+  exp = spec.load(str(path), rundata.METRICS)
   assert exp.stability and exp.diverged_above == 3.0
   # per (variant, rate): each seed's outcome: 'h' halted, a loss (> 3.0: collapsed)
   outcomes = {('baseline', 0.01): [2.1, 2.2, 2.0, 2.1, 2.3],
@@ -662,16 +665,16 @@ def test_stability_counts_failures_per_rate_with_interval_fisher_and_largest_sta
     spikes = [{'split': 'spike', 'step': 10 + i} for i in range(r.seed)]  # seed s: s spikes
     rows = [{'split': 'train', 'step': 5, 'loss': 3.0}] + spikes
     if o == 'h':
-      results.append(report.Result(r, {'status': 'diverged'}, None, rows + [
+      results.append(rundata.Result(r, {'status': 'diverged'}, None, rows + [
           {'split': 'failure', 'step': 99}]))
     else:
-      results.append(report.Result(r, {'status': 'done'}, {'loss': o}, rows))
-  results[0] = report.Result(results[0].run, {'status': 'training'}, None, [])  # unfinished
-  counts = report.stability_counts(exp, results)
+      results.append(rundata.Result(r, {'status': 'done'}, {'loss': o}, rows))
+  results[0] = rundata.Result(results[0].run, {'status': 'training'}, None, [])  # unfinished
+  counts = stability.failures(exp, results)
   b3, g3 = counts['baseline_learning_rate=0.03'], counts['g1_elementwise_learning_rate=0.03']
   assert (b3['diverged'], b3['runs'], b3['halted'], b3['collapsed']) == (3, 5, 2, 1)
   assert b3['seeds'] == [1, 2, 3] and b3['fisher_p'] is None
-  assert b3['interval'] == pytest.approx(report.wilson_interval(3, 5))
+  assert b3['interval'] == pytest.approx(stats.wilson_interval(3, 5))
   assert b3['spikes'] == {'0': 0, '1': 1, '2': 2, '3': 3, '4': 4}
   assert b3['trained_loss'] == {'0': 2.4, '4': 2.5}
   assert g3['fisher_p'] == pytest.approx(_fisher_two_sided(3, 5, 0, 5))
@@ -682,10 +685,10 @@ def test_stability_counts_failures_per_rate_with_interval_fisher_and_largest_sta
   b1 = counts['baseline_learning_rate=0.01']
   assert (b1['diverged'], b1['runs']) == (0, 4)   # the unfinished seed is not counted
   assert counts['g1_elementwise_learning_rate=0.01']['fisher_p'] == pytest.approx(1.0)
-  assert report.largest_stable(counts) == {
+  assert stability.largest_stable(counts) == {
       'baseline': {'largest': 0.01, 'first_failure': 0.03, 'monotone': True},
       'g1_elementwise': {'largest': 0.03, 'first_failure': 0.1, 'monotone': True}}
-  text = report.stability(exp, results)
+  text = stability.table(exp, results)
   assert ('| baseline_learning_rate=0.03 | 3/5 | 2, 1 | [0.23, 0.88] | - | 2.0 ± 1.6 (s0 0, '
           's1 1, s2 2, s3 3, s4 4) | 2.450 ± 0.071 (s0 2.400, s4 2.500) | - |') in text
   # the paired gap over the seeds at which both trained (0 and 4 at 0.03): 0.2 and 0.1; the
@@ -698,25 +701,25 @@ def test_stability_counts_failures_per_rate_with_interval_fisher_and_largest_sta
   assert b3['gap'] is None and g10['gap'] is None   # the baseline trained on no seed at 0.1
   g1 = counts['g1_elementwise_learning_rate=0.01']['gap']   # seed 0 of the baseline unfinished
   assert (g1['n'], g1['lower']) == (4, 4) and g1['mean'] == pytest.approx(0.1)
-  assert report.paired_gap({'0': 2.0}, {'0': 1.5, '1': 1.0}) == {
+  assert stability.paired_gap({'0': 2.0}, {'0': 1.5, '1': 1.0}) == {
       'mean': 0.5, 'interval': None, 'n': 1, 'lower': 1}
   assert '| g1_elementwise | 0.03 | 0.1 |' in text
-  fig = report.stability_figure(exp, results)
+  fig = stability.figure(exp, results)
   failed, loss = fig.axes[:2]
   assert [l.get_label() for l in failed.lines if not l.get_label().startswith('_')] == []  # errorbars
   assert [c.get_label() for c in failed.containers] == ['baseline', 'g1_elementwise']
   base_rate = failed.containers[0].lines[0].get_ydata()
   assert list(base_rate) == pytest.approx([0.0, 0.6, 1.0])
-  assert 'stability.png' in report.figure_names(exp)
+  assert 'stability.png' in sections.figure_names(exp)
   # without DIVERGED_ABOVE only the guard's halts count
   path.write_text(path.read_text().replace('DIVERGED_ABOVE = 3.0\n', ''))
-  exp = spec.load(str(path), report.METRICS)
-  assert report.stability_counts(exp, results)['baseline_learning_rate=0.03']['diverged'] == 2
+  exp = spec.load(str(path), rundata.METRICS)
+  assert stability.failures(exp, results)['baseline_learning_rate=0.03']['diverged'] == 2
   for bad, match in (('STABILITY = False\nDIVERGED_ABOVE = 3.0', 'only with STABILITY'),
                      ('DIVERGED_ABOVE = -1', 'DIVERGED_ABOVE must be a positive')):
     path.write_text(EXPERIMENT + bad + '\n' + ('STABILITY = True\n' if '-1' in bad else ''))
     with pytest.raises(spec.ExperimentError, match=match):
-      spec.load(str(path), report.METRICS)
+      spec.load(str(path), rundata.METRICS)
 
 
 def test_scaling_fits_against_independent_least_squares():
@@ -759,7 +762,7 @@ def test_scaling_tables_and_sizes_of_a_run(tmp_path):
   per_layer = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 96 + 2 * 32 + 2 * 16  # + norms
   assert size['params'] == 2 * per_layer + 32   # the final norm
   assert size['tokens'] == 10 * 4 * 16
-  run = lambda v, n, s, loss: report.Result(  # noqa: E731
+  run = lambda v, n, s, loss: rundata.Result(  # noqa: E731
       run=spec.Run(f'{v}_{n}_s{s}', f'{v}_{n}', v, s, ()), runner={'status': 'done'},
       report={'loss': loss}, rows=[], size={'params': n, 'flops': 6.0 * n * 1000})
   results = [run(v, n, s, 3.0 * n ** -0.1 - (0.01 if v == 'g1' else 0) + 0.001 * s)

@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from experiments import report, run
+from experiments import processes, rundata, run, running
 from gated_attention import storage
 from gated_attention.runs import rundir as runs_lib
 from tests.test_experiments import EXPERIMENT
@@ -21,27 +21,27 @@ def test_command_logs_on_gcs_are_uploaded_whole(gcs, tmp_path, monkeypatch):
   monkeypatch.setattr(tempfile, 'tempdir', str(local_tmp))
   log = storage.join(gcs.url('out/runs/a'), 'train.log')
   first = ['-c', 'print("first command")']
-  assert run._call(first, log)[0] == 0
+  assert processes.call(first, log)[0] == 0
   assert storage.read_text(log).endswith('first command\n')
   second = ['-c', 'import sys; print("Training stopped at step 3"); sys.exit(3)']
-  assert run._call(second, log)[0] == 3
+  assert processes.call(second, log)[0] == 3
   text = storage.read_text(log)
   assert text.index('first command') < text.index('Training stopped at step 3')
   assert text.count('\n$ ') == 2                        # each command's line, then its output
-  assert run._failure(log, 3) == 'diverged'
+  assert processes.failure(log, 3) == 'diverged'
   assert os.listdir(local_tmp) == []                      # the local copies are removed
   # A local log is appended to in place, as before.
   local = tmp_path / 'train.log'
-  assert run._call(['-c', 'raise SystemExit(2)'], str(local))[0] == 2
-  assert run._failure(str(local), 2) == 'failed (exit 2)'
+  assert processes.call(['-c', 'raise SystemExit(2)'], str(local))[0] == 2
+  assert processes.failure(str(local), 2) == 'failed (exit 2)'
 
 
 def test_compilation_cache_is_local_when_out_is_remote(tmp_path):
-  remote = run.cache_dir('gs://bucket/out', '')
+  remote = running.cache_dir('gs://bucket/out', '')
   assert not storage.is_remote(remote) and os.path.isabs(remote)
-  assert run.cache_dir(str(tmp_path), '') == os.path.join(str(tmp_path), 'xla_cache')
-  assert run.cache_dir('gs://bucket/out', 'off') == ''
-  assert run.cache_dir('gs://bucket/out', str(tmp_path / 'x')) == str(tmp_path / 'x')
+  assert running.cache_dir(str(tmp_path), '') == os.path.join(str(tmp_path), 'xla_cache')
+  assert running.cache_dir('gs://bucket/out', 'off') == ''
+  assert running.cache_dir('gs://bucket/out', str(tmp_path / 'x')) == str(tmp_path / 'x')
 
 
 @pytest.mark.slow   # ~40 s: a whole runner invocation (run with -m slow)
@@ -55,7 +55,7 @@ def test_the_runner_with_out_on_gcs(gcs, tmp_path, capsys, monkeypatch):
   assert run.main([str(path), '--out', out, '--results', str(results),
                    f'--compilation-cache={tmp_path / "xla"}']) == 0
   workdir = storage.join(out, 'runs', 'g1_elementwise_s0')
-  state = report.read_runner(workdir)
+  state = rundata.read_runner(workdir)
   assert state['status'] == 'done' and state['attempts'] == 1
   assert f'--workdir={workdir}' in state['command']
   names = set(storage.listdir(workdir))
@@ -75,7 +75,7 @@ def test_the_runner_with_out_on_gcs(gcs, tmp_path, capsys, monkeypatch):
   # Everything finished: the same command runs no main.py command and writes the same table.
   def no_command(args, log):
     raise AssertionError(f'ran {args} into {log}')
-  monkeypatch.setattr(run, '_call', no_command)
+  monkeypatch.setattr(processes, 'call', no_command)
   assert run.main([str(path), '--out', out, f'--compilation-cache={tmp_path / "xla"}']) == 0
-  assert report.read_runner(workdir) == state
+  assert rundata.read_runner(workdir) == state
   assert '| g1_elementwise | 1/1 |' in capsys.readouterr().out

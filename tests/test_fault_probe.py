@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
+from experiments import processes
 from experiments import run as runner
 from gated_attention.runs import rundir
 from gated_attention.runs.hf import interop
@@ -525,7 +526,7 @@ def test_probe(name, base, tmp_path):
     mounts = [p for p in (tmp_path / 'ro', tmp_path / 'small') if p.exists()]
     before = {w: snapshot(w) for w in case.watch}
     log = str(tmp_path / 'command.log')
-    rc, _ = runner._call(['main.py', *case.argv], log)   # pylint: disable=protected-access
+    rc, _ = processes.call(['main.py', *case.argv], log)   # pylint: disable=protected-access
     with open(log) as f:
       text = f.read()
     assert rc == case.rc, text
@@ -632,7 +633,7 @@ def test_probe_a_disk_that_fills_while_training(tmp_path):
   try:
     run = str(tmp_path / 'small' / 'run')
     log = str(tmp_path / 'command.log')
-    rc, _ = runner._call(['main.py', '--config=configs/g1_elementwise.py', f'--workdir={run}',
+    rc, _ = processes.call(['main.py', '--config=configs/g1_elementwise.py', f'--workdir={run}',
                           *TINY, '--config.train.steps=5000', '--config.train.log_every=1',
                           '--config.train.eval_every=5000',
                           '--config.train.checkpoint_every=5000'], log)
