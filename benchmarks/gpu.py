@@ -27,7 +27,14 @@ and XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 (JAX preallocates 75% of the GPU otherwis
 Without a GPU the script refuses with a message saying so.
 
   python -m benchmarks.gpu [--models=tiny,dense_100m,dense_1p7b_28l] [--variant=g1_elementwise]
-                           [--steps=5] [--budget_s=480]
+                           [--steps=5] [--budget_s=480] [--overhead [--rounds=5]]
+
+With `--overhead`, each model's child times the baseline and the variant in one process,
+round-robin (`--rounds` rounds of `--steps` steps of each, after compiling both), and reports the
+gate's share of the gated step, 1 - baseline / gated step time, paired within each round (median,
+mean and 95% t interval over rounds), beside its share of the FLOPs: the paper's "under 2%
+wall-time" overhead (Qiu et al. 2025, Sec. 1) measured on the accelerator
+(benchmarks/throughput.py measures it on a CPU).
 """
 
 import argparse
@@ -127,16 +134,46 @@ def measure(model: str, variant: str, batch: int, steps: int) -> dict:
               step_s=s['step_s'], first_step_s=compile_s)
 
 
+def measure_overhead(model: str, variant: str, batch: int, steps: int, rounds: int) -> dict:
+  """In this process (a child): the baseline's and `variant`'s steps at one batch, compiled, then
+  timed round-robin; the gate's share of the gated step (throughput.gate_share)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from benchmarks import throughput  # pylint: disable=g-import-not-at-top
+  require_gpu(jax.default_backend(), jax.devices())
+  timers = {'baseline': throughput.StepTimer(gpu_config(model, 'baseline', batch)),
+            variant: throughput.StepTimer(gpu_config(model, variant, batch))}
+  throughput.interleave(timers, rounds, steps)
+  base, gated = timers['baseline'].summary(), timers[variant].summary()
+  return dict(model=model, variant=variant, batch=batch,
+              seq_len=timers[variant].config.data.seq_len, device=jax.devices()[0].device_kind, baseline_step_s=base['step_s'],
+              step_s=gated['step_s'], rounds=rounds, steps=steps,
+              **throughput.gate_share(timers[variant], timers['baseline']))
+
+
+def print_overhead(rows: list[dict]):
+  print('| model | batch x seq | baseline step s | gated step s | gate\'s share of step time '
+        '(median; mean, 95% interval) | gate\'s share of FLOPs |')
+  print('|---|---|---|---|---|---|')
+  for r in rows:
+    lo, hi = r['time_share_interval'] or (float('nan'), float('nan'))
+    print(f'| {r["model"]} | {r["batch"]} x {r["seq_len"]} | {r["baseline_step_s"]:.4f} | '
+          f'{r["step_s"]:.4f} | {100 * r["time_share_median"]:.2f}%; '
+          f'{100 * r["time_share_mean"]:.2f}% [{100 * lo:.2f}%, {100 * hi:.2f}%] | '
+          f'{100 * r["flops_share"]:.2f}% |')
+
+
 def _params(timer) -> int:
   from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   return model_lib.param_report(timer.setup.model_cfg)['total']
 
 
-def run_child(model: str, variant: str, batch: int, steps: int, timeout: float, env: dict):
+def run_child(model: str, variant: str, batch: int, steps: int, timeout: float, env: dict,
+              rounds: int = 0):
   """(row or None, error text or None, out of memory?) of one measuring subprocess, run with
-  the environment `env`."""
+  the environment `env`; `rounds` > 0: the gate's overhead (measure_overhead)."""
   cmd = [sys.executable, '-m', 'benchmarks.gpu', f'--child={model}', f'--variant={variant}',
-         f'--batch={batch}', f'--steps={steps}']
+         f'--batch={batch}', f'--steps={steps}'] + (['--overhead', f'--rounds={rounds}']
+                                                    if rounds else [])
   try:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                        env=env)
@@ -156,7 +193,8 @@ def run_model(model: str, args, deadline: float, env: dict) -> dict | None:
     if left < 30:
       print(f'{model}: skipped, --budget_s spent', flush=True)
       return None
-    row, err, oom = run_child(model, args.variant, batch, args.steps, left, env)
+    row, err, oom = run_child(model, args.variant, batch, args.steps, left, env,
+                              args.rounds if args.overhead else 0)
     if row:
       return row
     if oom:
@@ -185,11 +223,16 @@ def main(argv=None):
   parser.add_argument('--variant', default='g1_elementwise')
   parser.add_argument('--steps', type=int, default=5)
   parser.add_argument('--budget_s', type=float, default=480.0)
+  parser.add_argument('--overhead', action='store_true',
+                      help='time the baseline and --variant round-robin: the gate\'s share')
+  parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--child', default='', help=argparse.SUPPRESS)
   parser.add_argument('--batch', type=int, default=0, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
-    print(RESULT + json.dumps(measure(args.child, args.variant, args.batch, args.steps)))
+    row = (measure_overhead(args.child, args.variant, args.batch, args.steps, args.rounds)
+           if args.overhead else measure(args.child, args.variant, args.batch, args.steps))
+    print(RESULT + json.dumps(row))
     return
   models = args.models.split(',')
   if set(models) - set(MODELS) or args.steps < 1:
@@ -201,7 +244,7 @@ def main(argv=None):
   deadline = time.time() + args.budget_s
   rows = [r for r in (run_model(m, args, deadline, env) for m in models) if r]
   print(json.dumps(rows, indent=2))
-  print_table(rows)
+  (print_overhead if args.overhead else print_table)(rows)
 
 
 if __name__ == '__main__':

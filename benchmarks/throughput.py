@@ -10,7 +10,10 @@ is reported. Per variant: tokens/s, achieved FLOP/s (model.train_flops_per_token
 parameters + the causal attention, per token), the fraction of a matmul peak this script
 measures itself (the median of float32 2048 x 2048 matmuls, jitted: a practical peak of this
 machine, not the vendor's), and the gate's overhead: the variant's step time over the
-baseline's. The G1 gates use the fused query-and-gate projection (model.fused_gate_projection,
+baseline's, and the gate's share of the gated step (1 - baseline / gated step time: the paper's
+"under 2% wall-time" overhead, Qiu et al. 2025, Sec. 1), paired within each round (the two timed
+back to back), its median and 95% t interval over the rounds, beside the gate's share of the
+step's FLOPs (what the arithmetic alone predicts). The G1 gates use the fused query-and-gate projection (model.fused_gate_projection,
 gating.py); `--separate_gate` times the separate projection instead.
 
 With `--pytorch`, the same variants in stock transformers Qwen3 on torch (the gate added as the
@@ -114,13 +117,31 @@ def matmul_peak(n: int = 2048, rounds: int = 10, dtype=jnp.float32) -> float:
   return 2.0 * n ** 3 / float(np.median(times))
 
 
-def rows(summaries: dict, peak_flops: float) -> list[dict]:
+def gate_share(timer: StepTimer, base: StepTimer) -> dict:
+  """The gate's share of the gated step, 1 - baseline / gated step time, within each round (the
+  two timed back to back; the compiling step left out): the median, mean and 95% t interval over
+  rounds, and the gate's share of the step's FLOPs (train_flops_per_token)."""
+  from experiments import stats  # pylint: disable=g-import-not-at-top
+  shares = 1 - np.asarray(base.seconds[1:]) / np.asarray(timer.seconds[1:])
+  t = stats.t_interval(shares) if len(shares) else {'mean': None, 'interval': None}
+  return {'time_share_median': float(np.median(shares)) if len(shares) else None,
+          'time_share_mean': t['mean'], 'time_share_interval': t['interval'],
+          'flops_share': 1 - base.flops_per_token / timer.flops_per_token}
+
+
+def rows(summaries: dict, peak_flops: float, timers: dict | None = None) -> list[dict]:
   """Per variant: the summary, the fraction of the matmul peak and the overhead over the
-  baseline (step time ratio; None without a baseline)."""
+  baseline (step time ratio; None without a baseline); with `timers`, the gate's share
+  (gate_share) of each variant against the baseline."""
   base = summaries.get('baseline')
-  return [dict(variant=name, **s, peak_fraction=s['flops_per_s'] / peak_flops,
-               overhead_vs_baseline=s['step_s'] / base['step_s'] if base else None)
-          for name, s in summaries.items()]
+  out = [dict(variant=name, **s, peak_fraction=s['flops_per_s'] / peak_flops,
+              overhead_vs_baseline=s['step_s'] / base['step_s'] if base else None)
+         for name, s in summaries.items()]
+  if timers and 'baseline' in timers:
+    for r in out:
+      if r['variant'] != 'baseline' and r['variant'] in timers:
+        r.update(gate_share(timers[r['variant']], timers['baseline']))
+  return out
 
 
 def pytorch_timers(variants, shape: str) -> dict:
@@ -142,15 +163,22 @@ def paired_ratio(jax_timer: StepTimer, torch_timer) -> float:
 
 def print_table(table: list[dict], peak_flops: float):
   print(f'matmul peak (float32 2048^3, median): {peak_flops / 1e9:.1f} GFLOP/s')
-  head = '| variant | tokens/s | GFLOP/s | of matmul peak | step vs baseline |'
+  head = ('| variant | tokens/s | GFLOP/s | of matmul peak | step vs baseline | gate\'s share of '
+          'step time (median; mean, 95% interval) | gate\'s share of FLOPs |')
   torch = 'jax_over_pytorch' in table[0]
   if torch:
     head += ' PyTorch tokens/s | JAX / PyTorch (paired) |'
   print(head + '\n' + '|---' * head.count(' | ') + '|---|')
   for r in table:
     over = '' if r['overhead_vs_baseline'] is None else f'{r["overhead_vs_baseline"]:.3f}'
+    share = flops = ''
+    if r.get('time_share_median') is not None:
+      share = f'{100 * r["time_share_median"]:.1f}%; {100 * r["time_share_mean"]:.1f}%'
+      if r['time_share_interval']:
+        share += ' [{:.1f}%, {:.1f}%]'.format(*(100 * x for x in r['time_share_interval']))
+      flops = f'{100 * r["flops_share"]:.1f}%'
     line = (f'| {r["variant"]} | {r["tokens_per_s"]:,.0f} | {r["flops_per_s"] / 1e9:.1f} | '
-            f'{r["peak_fraction"]:.2f} | {over} |')
+            f'{r["peak_fraction"]:.2f} | {over} | {share} | {flops} |')
     if torch:
       line += (f' {r["pytorch_tokens_per_s"]:,.0f} | {r["jax_over_pytorch"]:.2f} |'
                if 'jax_over_pytorch' in r else ' | |')
@@ -190,7 +218,8 @@ def main():
       order[f'{v} (XLA defaults)'] = default_timers[v]
   interleave(order, args.rounds, args.steps)
   peak = matmul_peak()
-  table = rows({v: t.summary() for v, t in order.items() if not isinstance(v, tuple)}, peak)
+  table = rows({v: t.summary() for v, t in order.items() if not isinstance(v, tuple)}, peak,
+               {v: t for v, t in order.items() if not isinstance(v, tuple)})
   for r in table:
     if r['variant'] in torch_timers:
       torch_timer = torch_timers[r['variant']]

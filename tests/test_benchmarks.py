@@ -106,6 +106,27 @@ def test_gpu_batch_fallback_and_flags(gpu):
   assert gpu.child_env({})['XLA_PYTHON_CLIENT_MEM_FRACTION'] == gpu.MEM_FRACTION
 
 
+def test_gate_share_of_step_time_paired_by_round(gpu, monkeypatch):
+  """throughput.gate_share: 1 - baseline / gated step time within each round, its median and t
+  interval over the rounds (the compiling step left out), and the gate's share of the FLOPs;
+  gpu.py's --overhead child refuses without a GPU and its table prints."""
+  from scipy import stats as sps  # pylint: disable=g-import-not-at-top
+  throughput = _load('throughput')
+  base = type('T', (), {'seconds': [9.0, 1.00, 1.10, 0.95, 1.20], 'flops_per_token': 100.0})()
+  gated = type('T', (), {'seconds': [9.5, 1.02, 1.13, 0.96, 1.21], 'flops_per_token': 104.0})()
+  share = 1 - np.array([1.00, 1.10, 0.95, 1.20]) / np.array([1.02, 1.13, 0.96, 1.21])
+  got = throughput.gate_share(gated, base)
+  assert got['time_share_median'] == pytest.approx(np.median(share))
+  ci = sps.ttest_1samp(share, 0).confidence_interval()
+  assert got['time_share_interval'] == pytest.approx([ci.low, ci.high])
+  assert got['flops_share'] == pytest.approx(1 - 100 / 104)
+  monkeypatch.setattr(os, 'environ', dict(os.environ))
+  with pytest.raises(SystemExit, match='needs an NVIDIA GPU'):
+    gpu.measure_overhead('tiny', 'g1_elementwise', 2, 1, 2)
+  row = dict(model='tiny', batch=2, seq_len=128, baseline_step_s=0.01, step_s=0.0102, **got)
+  gpu.print_overhead([row])
+
+
 # --------------------------------------------------------------------------------------------
 # benchmarks/gpu_session.py: the GPU session's sizing and, on CPU, its control flow
 # --------------------------------------------------------------------------------------------
