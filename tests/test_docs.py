@@ -94,7 +94,7 @@ def test_the_readme_is_a_front_door():
 def _run_dir_grammar() -> re.Pattern:
   """A regex of every path below a run directory that the code writes (placeholders such as
   <step>, <n>, <tag> stand for a value)."""
-  from experiments import report as runner_report   # pylint: disable=import-outside-toplevel
+  from experiments import rundata as runner_report   # pylint: disable=import-outside-toplevel
   from gated_attention.runs import checkpoint, rundir  # pylint: disable=import-outside-toplevel
   e = re.escape
   step = r'(?:\d+|<step>)'
