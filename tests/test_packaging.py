@@ -80,3 +80,38 @@ def test_the_installed_command_is_main_py(installed, tmp_path):
     want = subprocess.run([sys.executable, 'main.py', '--mode=params'] + flags, cwd=ROOT,
                           capture_output=True, text=True, timeout=300, check=True)
     assert json.loads(got.stdout) == json.loads(want.stdout)
+
+
+def _older_pythons() -> list[str]:
+  """Interpreters older than 3.11 on this machine (PATH, pyenv), if any."""
+  found = [shutil.which(f'python3.{minor}') for minor in (10, 9, 8)]
+  pyenv = os.environ.get('PYENV_ROOT', os.path.expanduser('~/.pyenv'))
+  found += sorted(glob.glob(os.path.join(pyenv, 'versions', '3.1[0]*', 'bin', 'python')))
+  older = []
+  for python in filter(None, found):         # a shim that names a version it lacks does not run
+    try:
+      out = subprocess.run([python, '-c', 'import sys; print(sys.version_info < (3, 11))'],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+      continue
+    if out.returncode == 0 and out.stdout.strip() == 'True':
+      older.append(python)
+  return older
+
+
+def test_an_older_python_is_refused_in_one_line():
+  """pyproject.toml requires 3.11 (pip refuses the package), and main.py, the console command
+  and the notebook stop at the package's import with one line naming the fix."""
+  with open(os.path.join(ROOT, 'pyproject.toml')) as f:
+    assert 'requires-python = ">=3.11"' in f.read()
+  fake = ('import sys; sys.version_info = (3, 10, 13, "final", 0); import runpy; '
+          'sys.argv = ["main.py", "--help"]; runpy.run_path("main.py", run_name="__main__")')
+  out = subprocess.run([sys.executable, '-c', fake], cwd=ROOT, capture_output=True, text=True)
+  assert out.returncode == 1 and 'Traceback' not in out.stderr, out.stderr
+  assert out.stderr.startswith('gated-attention needs Python 3.11 or later; this is Python '
+                               '3.10.13'), out.stderr
+  assert 'python3.11 -m venv .venv' in out.stderr
+  for python in _older_pythons()[:1]:        # the real thing, where an older Python is installed
+    out = subprocess.run([python, 'main.py', '--help'], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 1 and 'needs Python 3.11 or later' in out.stderr, out.stderr
+    assert 'Traceback' not in out.stderr
