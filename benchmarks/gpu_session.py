@@ -7,14 +7,18 @@ result written to files under --out as it arrives (nothing is only printed):
 
 1. `python -m benchmarks.gpu` (tokens/s, MFU, peak memory of tiny, ~100M and 1.7B models;
    its --budget_s is a quarter of the session's) -> OUT/gpu.json and OUT/gpu.log.
-2. The sink at accelerator scale (experiments/sink_accelerator.py: dense_90m, context 2048,
+2. The gate's overhead (`python -m benchmarks.gpu --overhead --models=tiny,dense_100m`: the
+   baseline and G1 elementwise timed round-robin in one process per model, the gate's share of
+   the step against the paper's "under 2%"; a tenth of the budget) -> OUT/overhead.json and
+   OUT/overhead.log.
+3. The sink at accelerator scale (experiments/sink_accelerator.py: dense_90m, context 2048,
    32 sequences per step), baseline and G1 elementwise, one seed, resized to what is left: the
    steps per run come from the benchmark's measured dense_100m tokens/s (the same shapes; 1,000
    when it did not run), at most the recipe's 4,000. The byte tokenizer by default (the recipe's
    BPE takes minutes of CPU to train first; --tokenizer=PATH uses one). Through the experiment
    runner, so a run cut off by the budget resumes with the same command:
    OUT/sink/results.md (the table), OUT/sink/runs/<run>/ (metrics, checkpoints, analysis).
-3. OUT/session.json: each stage's command, status, wall time and what it produced.
+4. OUT/session.json: each stage's command, status, wall time and what it produced.
 
 Every stage has a deadline (the session's budget); a stage that fails or runs out of time is
 recorded and the session goes on. Without a GPU the benchmark refuses (recorded) and the sink
@@ -54,6 +58,11 @@ def sink_steps(tokens_per_sec: float | None, seconds: float, runs: int) -> int:
     return FALLBACK_STEPS
   per_run = max(seconds / runs - RUN_OVERHEAD_S, 0.0)
   return int(max(100, min(MAX_STEPS, per_run * tokens_per_sec / TOKENS_PER_STEP)))
+
+
+def measured_tokens_per_s(rows: list[dict]) -> float | None:
+  """benchmarks/gpu.py's dense_100m tokens/s (its rows' `tokens_per_s`), or None."""
+  return next((r.get('tokens_per_s') for r in rows if r.get('model') == 'dense_100m'), None)
 
 
 def _stage(session: dict, name: str, args: list[str], log: str, timeout: float) -> str:
@@ -127,7 +136,15 @@ def main(argv=None) -> int:
   session['stages']['benchmark']['rows'] = len(rows)
   save()
 
-  measured = next((r.get('tokens_per_sec') for r in rows if r.get('model') == 'dense_100m'), None)
+  overhead_log = os.path.join(out, 'overhead.log')
+  _stage(session, 'overhead', ['-m', 'benchmarks.gpu', '--overhead', '--models=tiny,dense_100m',
+                               f'--budget_s={args.budget_s / 10:.0f}'],
+         overhead_log, timeout=min(args.budget_s * 0.15, deadline - time.time()))
+  with open(os.path.join(out, 'overhead.json'), 'w') as f:
+    json.dump(_benchmark_rows(overhead_log), f, indent=1)
+  save()
+
+  measured = measured_tokens_per_s(rows)
   runs = len(args.variants.split(','))
   steps = args.steps or sink_steps(measured, deadline - time.time(), runs)
   session['sink_steps'] = steps

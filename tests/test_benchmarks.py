@@ -135,6 +135,10 @@ def test_gpu_session_sizes_the_sink_runs_from_the_measured_throughput():
   from benchmarks import gpu_session  # pylint: disable=g-import-not-at-top
   # 480 s for 2 runs: (240 - 90) s x 1e6 tokens/s / 65,536 tokens per step
   assert gpu_session.sink_steps(1e6, 480, 2) == int(150 * 1e6 / 65536)
+  # the rows as benchmarks/gpu.py writes them (its key is tokens_per_s)
+  row = dict(model='dense_100m', tokens_per_s=2.5e5, mfu=0.4)
+  assert gpu_session.measured_tokens_per_s([dict(row, model='tiny'), row]) == 2.5e5
+  assert gpu_session.measured_tokens_per_s([]) is None
   assert gpu_session.sink_steps(1e9, 480, 2) == gpu_session.MAX_STEPS
   assert gpu_session.sink_steps(1e3, 480, 2) == 100
   assert gpu_session.sink_steps(None, 480, 2) == gpu_session.FALLBACK_STEPS
@@ -151,6 +155,8 @@ def test_gpu_session_control_flow_on_cpu(tmp_path):
   assert session['stages']['benchmark']['status'] == 'failed (exit 1)'
   assert 'needs an NVIDIA GPU' in (out / 'gpu.log').read_text()
   assert json.loads((out / 'gpu.json').read_text()) == []
+  assert session['stages']['overhead']['status'] == 'failed (exit 1)'
+  assert json.loads((out / 'overhead.json').read_text()) == []
   assert session['stages']['sink']['status'] == 'done' and session['sink_steps'] == 4
   table = (out / 'sink' / 'results.md').read_text()
   assert '| baseline | 1/1 |' in table and '| g1_elementwise | 1/1 |' in table
