@@ -351,11 +351,14 @@ def attention_layer(p, x_BxTxD, positions_BxT, m):
   v = np.einsum('btd,dhk->bthk', x, p['wv'])
   q, k, v = g('q', q), g('k', k), g('v', v)
   if m['qk_norm']:
-    q = rms_norm(q, p['q_norm']['scale'], m['norm_eps'])
-    k = rms_norm(k, p['k_norm']['scale'], m['norm_eps'])
-  inv_freq, mscale = rope_parameters(m['head_dim'], m['rope_base'], m.get('rope_scaling'))
-  q = apply_rope(q, positions_BxT, inv_freq, mscale)
-  k = apply_rope(k, positions_BxT, inv_freq, mscale)
+    q = rms_norm(q, _norm_scale(p['q_norm'], m), m['norm_eps'])
+    k = rms_norm(k, _norm_scale(p['k_norm'], m), m['norm_eps'])
+  rot = int(round(m['head_dim'] * m.get('rope_fraction', 1.0)))   # partial RoPE: first dims
+  inv_freq, mscale = rope_parameters(rot, m['rope_base'], m.get('rope_scaling'))
+  q = np.concatenate([apply_rope(q[..., :rot], positions_BxT, inv_freq, mscale), q[..., rot:]],
+                     axis=-1)
+  k = np.concatenate([apply_rope(k[..., :rot], positions_BxT, inv_freq, mscale), k[..., rot:]],
+                     axis=-1)
   q, k = g('q_rope', q), g('k_rope', k)
   y, probs = causal_gqa_attention(q, k, v)
   y_gated = g('sdpa', y)
@@ -367,34 +370,52 @@ def attention_layer(p, x_BxTxD, positions_BxT, m):
   return out, extras
 
 
+def _norm_scale(p, m):
+  """An RMSNorm's multiplier: its scale, or 1 + scale when zero-centred (Qwen3-Next)."""
+  return 1.0 + p['scale'] if m.get('norm_zero_centered') else p['scale']
+
+
 def block(p, h_BxTxD, positions_BxT, m):
+  """One block: attention (p['attn']) or, in a hybrid's linear_attention layer, a Gated DeltaNet
+  (p['linear_attn']); then the SwiGLU FFN."""
   eps = m['norm_eps']
-  attn_out, extras = attention_layer(p['attn'], rms_norm(h_BxTxD, p['attn_norm']['scale'], eps),
-                                     positions_BxT, m)
+  x = rms_norm(h_BxTxD, _norm_scale(p['attn_norm'], m), eps)
+  if 'linear_attn' in p:
+    attn_out, _ = deltanet_layer(p['linear_attn'], x, norm_eps=eps)
+    extras = {}
+  else:
+    attn_out, extras = attention_layer(p['attn'], x, positions_BxT, m)
   if m['sandwich_norm']:
-    attn_out = rms_norm(attn_out, p['attn_post_norm']['scale'], eps)
+    attn_out = rms_norm(attn_out, _norm_scale(p['attn_post_norm'], m), eps)
   h = h_BxTxD + attn_out
   ffn = p['ffn']
-  ffn_out = swiglu(rms_norm(h, p['ffn_norm']['scale'], eps), ffn['wi_gate'], ffn['wi_up'],
+  ffn_out = swiglu(rms_norm(h, _norm_scale(p['ffn_norm'], m), eps), ffn['wi_gate'], ffn['wi_up'],
                    ffn['wo'])
   if m['sandwich_norm']:
-    ffn_out = rms_norm(ffn_out, p['ffn_post_norm']['scale'], eps)
+    ffn_out = rms_norm(ffn_out, _norm_scale(p['ffn_post_norm'], m), eps)
   h_out = h + ffn_out
   extras.update(attn_out=attn_out, attn_residual=h, ffn_out=ffn_out, ffn_residual=h_out)
   return h_out, extras
 
 
 def forward(params, tokens_BxT, m):
-  """Logits [B, T, V] (float64) and a list of per-layer extras (see `block`)."""
+  """Logits [B, T, V] (float64) and a list of per-layer extras (see `block`). A hybrid
+  (m['layer_types'] with linear_attention layers) stacks its blocks by period: layer l is
+  params['blocks']['layer_<l % P>'] at index l // P, P the pattern's period."""
   tokens = np.asarray(tokens_BxT)
   B, T = tokens.shape
   positions = np.broadcast_to(np.arange(T), (B, T))
   h = embed(params['embed']['embedding'], tokens)
+  types = tuple(m.get('layer_types') or ())
+  period = len([k for k in params['blocks'] if k.startswith('layer_')]) if (
+      'linear_attention' in types) else None
   per_layer = []
   for i in range(m['num_layers']):
-    h, extras = block(layer(params['blocks'], i), h, positions, m)
+    p = (layer(params['blocks'], i) if period is None
+         else layer(params['blocks'][f'layer_{i % period}'], i // period))
+    h, extras = block(p, h, positions, m)
     per_layer.append(extras)
-  h = rms_norm(h, params['final_norm']['scale'], m['norm_eps'])
+  h = rms_norm(h, _norm_scale(params['final_norm'], m), m['norm_eps'])
   if m['tie_embeddings']:
     logits = h @ params['embed']['embedding'].T
   else:

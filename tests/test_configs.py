@@ -17,6 +17,7 @@ from gated_attention.runs import upgrade
 from gated_attention.config import scales
 from gated_attention.errors import CheckpointError, ConfigError
 from gated_attention.model import config as model_config_lib
+from gated_attention.model import deltanet as deltanet_lib
 from gated_attention.model import gating, moe as moe_lib, rope as rope_lib, transformer as model
 from tests import reference as ref
 from tests.jax_helpers import model_config
@@ -212,7 +213,8 @@ def test_unknown_remat_policy_is_rejected():
 # --------------------------------------------------------------------------------------------
 
 SCHEMA_SECTIONS = {'': model_config_lib.ModelConfig, 'gate': gating.GateSpec,
-                   'moe': moe_lib.MoESpec, 'rope_scaling': rope_lib.RopeScaling}
+                   'moe': moe_lib.MoESpec, 'rope_scaling': rope_lib.RopeScaling,
+                   'deltanet': deltanet_lib.DeltaNetSpec}
 
 
 def _section(m, path):

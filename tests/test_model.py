@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from gated_attention.config import scales
 from gated_attention.model import transformer as model
 from tests import reference as ref
 from gated_attention.model import config as config_lib
@@ -16,6 +17,10 @@ from tests.jax_helpers import model_config, perturb
 B, T = 2, 8
 TOL = dict(rtol=1e-4, atol=1e-4)
 DENSE_VARIANTS = [n for n in ref.variant_names() if n != 'baseline_more_experts']
+HYBRID = dict(num_layers=4, layer_types=['linear_attention', 'full_attention'] * 2,
+              rope_fraction=0.5, norm_zero_centered=True,
+              deltanet=dict(num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=6,
+                            chunk_size=4))
 # Model-level cases that no config file covers: (variant, overrides of the tiny model config).
 EXTRA_CASES = {
     'untied': ('baseline', dict(tie_embeddings=False)),
@@ -24,6 +29,10 @@ EXTRA_CASES = {
         type='yarn', factor=4.0, original_max_len=4096))),
     # The tiny config unrolls the layer loop (scan_layers=False); the paper's scales scan.
     'g1_scanned_layers': ('g1_elementwise', dict(scan_layers=True)),
+    # Hybrids (Qwen3-Next / Qwen3.5): Gated DeltaNet and attention layers, partial RoPE,
+    # zero-centred RMSNorm; two periods of [DeltaNet, attention], scanned and unrolled.
+    'hybrid_g1': ('g1_elementwise', dict(HYBRID, scan_layers=True)),
+    'hybrid_baseline_unrolled_sandwich': ('baseline', dict(HYBRID, sandwich_norm=True)),
 }
 CASES = {**{n: (n, {}) for n in DENSE_VARIANTS}, **EXTRA_CASES}
 
@@ -34,9 +43,12 @@ def _case_config(case):
   variant, over = CASES[case]
   over = dict(over)
   scaling = over.pop('rope_scaling', None)
+  deltanet = over.pop('deltanet', None)
   cfg = ref.tiny_model_config(variant, **over)
   if scaling:
     cfg.rope_scaling.update(scaling)
+  if deltanet:
+    cfg.deltanet.update(deltanet)
   return cfg
 
 
@@ -161,6 +173,40 @@ def test_document_mask_makes_each_document_its_own_sequence(built):
   np.testing.assert_allclose(masked[0, 8:], alone_b[0], rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(masked[0, :3], plain[0, :3], rtol=1e-5, atol=1e-6)  # first document
   assert np.abs(plain[0, 8:] - alone_b[0]).max() > 1e-3
+
+
+def test_hybrid_document_mask_makes_each_document_its_own_sequence(built):
+  """The same for a hybrid: its Gated DeltaNet layers restart their state (and conv) at each
+  document, so a document's logits in the window are those of the document alone."""
+  m = built('hybrid_g1')
+  bos = m.cfg.vocab_size - 1
+  doc_a, doc_b = [bos, 5, 6, 7, 8], [bos, 9, 10, 11, 12, 13]
+  window = jnp.asarray([[1, 2] + doc_a + doc_b], jnp.int32)
+  graphdef = nnx.graphdef(m.model)
+  fwd = jax.jit(lambda st, t, bos: nnx.merge(graphdef, st)(
+      t, segment_ids_BxT=None if bos is None else model.document_ids(t, bos))[0],
+      static_argnums=2)
+  masked, plain = fwd(m.state, window, bos), fwd(m.state, window, None)
+  np.testing.assert_allclose(masked[0, 2:7], fwd(m.state, jnp.asarray([doc_a]), None)[0],
+                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(masked[0, 7:], fwd(m.state, jnp.asarray([doc_b]), None)[0],
+                             rtol=1e-4, atol=1e-4)
+  assert np.abs(plain[0, 7:] - masked[0, 7:]).max() > 1e-3
+
+
+def test_hybrid_param_tree_is_stacked_by_period(built):
+  """Layer l of a hybrid is blocks.layer_<l % P> at index l // P (P = 2 here)."""
+  m = built('hybrid_g1')
+  shapes = jax.tree_util.tree_map(np.shape, m.params)['blocks']
+  assert set(shapes) == {'layer_0', 'layer_1'}
+  assert 'attn' not in shapes['layer_0'] and 'linear_attn' not in shapes['layer_1']
+  assert shapes['layer_0']['linear_attn']['wq'] == (2, 32, 2, 8)
+  assert shapes['layer_0']['linear_attn']['wv'] == (2, 32, 4, 6)
+  assert shapes['layer_0']['linear_attn']['conv_v'] == (2, 4, 4, 6)
+  assert shapes['layer_1']['attn']['gate']['kernel'] == (2, 32, 4, 8)
+  report = model.param_report(model_config(m.cfg))
+  assert report['total'] == sum(int(np.prod(s)) for s in jax.tree_util.tree_leaves(
+      jax.tree_util.tree_map(np.shape, m.params), is_leaf=lambda x: isinstance(x, tuple)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,3 +386,44 @@ def test_median_by_selection_is_jnp_median_bit_for_bit(shape):
   x = np.abs(rng.normal(size=shape)).astype(np.float32)
   x.reshape(-1)[-1] = np.nan
   assert np.isnan(ours(x)) and np.isnan(theirs(x))
+
+
+# --------------------------------------------------------------------------------------------
+# The published hybrids: parameter counts equal transformers'
+# --------------------------------------------------------------------------------------------
+
+def _transformers_hybrid(scale):
+  """The transformers model of a published hybrid scale, on the meta device (no memory)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  if scale == 'qwen3_next_80b_a3b':     # Qwen3NextConfig's defaults are Qwen3-Next-80B-A3B's
+    cls, config = transformers.Qwen3NextForCausalLM, transformers.Qwen3NextConfig()
+  elif scale == 'qwen3_5_35b_a3b':      # Qwen3_5MoeTextConfig's are Qwen3.5-35B-A3B's
+    cls, config = transformers.Qwen3_5MoeForCausalLM, transformers.Qwen3_5MoeTextConfig()
+  else:                                 # Qwen3.5-27B's text_config (its config.json)
+    cls = transformers.Qwen3_5ForCausalLM
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=248_320, hidden_size=5120, intermediate_size=17_408, num_hidden_layers=64,
+        num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
+        tie_word_embeddings=False)
+  with torch.device('meta'):
+    return cls(config), config
+
+
+@pytest.mark.parametrize('scale', ['qwen3_next_80b_a3b', 'qwen3_5_27b', 'qwen3_5_35b_a3b'])
+def test_published_hybrid_param_counts_equal_transformers(scale):
+  """--mode=params of configs/g1_elementwise.py:<scale> (the published model: its attention
+  layers carry the G1 elementwise gate) against transformers' model of the same config, built
+  on the meta device: the same total, and the same active count (the routed experts' (E - k) / E
+  share left out)."""
+  hf, config = _transformers_hybrid(scale)
+  total = sum(p.numel() for p in hf.parameters())
+  experts = sum(p.numel() for n, p in hf.named_parameters() if '.mlp.experts.' in n)
+  E = getattr(config, 'num_experts', 0) or 1
+  active = total - experts * (E - getattr(config, 'num_experts_per_tok', 1)) // E
+  report = model.param_report(model_config(ref.load_config('g1_elementwise', scale).model))
+  print(f'{scale}: total {report["total"]:,} (transformers {total:,}), active '
+        f'{report["active"]:,} (transformers {active:,})')
+  assert report['total'] == total and report['active'] == active
+  assert config.layer_types == list(scales.model_config(scale).layer_types)

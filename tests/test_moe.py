@@ -21,12 +21,13 @@ B, T, D, E, K, F = 2, 6, 8, 4, 2, 5
 jax.config.update('jax_default_matmul_precision', 'highest')
 
 
-def make(dispatch='dropless', renormalize=False, shared=0, cf=1.25, lb='global', seed=0, dtype='float32'):
+def make(dispatch='dropless', renormalize=False, shared=0, cf=1.25, lb='global', seed=0, dtype='float32',
+         shared_gate=False):
   cfg = scales.model_config('moe_tiny')
   cfg.update(hidden_size=D, init_std=0.5, dtype=dtype)  # big std: well-separated router probabilities
   cfg.moe.update(num_experts=E, top_k=K, expert_ffn_size=F, num_shared_experts=shared,
                  renormalize=renormalize, dispatch=dispatch, capacity_factor=cf,
-                 lb_loss_type=lb)
+                 lb_loss_type=lb, shared_expert_gate=shared_gate)
   return moe_lib.MoE(model_config(cfg), rngs=nnx.Rngs(seed))
 
 
@@ -74,20 +75,60 @@ def np_moe(m, x, renormalize=False, capacity=None):
         e = experts[n, k]
         y[n] += w[n, k] * np_swiglu(x[n], p['wi_gate'][e], p['wi_up'][e], p['wo'][e])
     if 'shared_wo' in p:
-      y[n] += np_swiglu(x[n], p['shared_wi_gate'], p['shared_wi_up'], p['shared_wo'])
+      gate = 1.0 / (1.0 + np.exp(-x[n] @ p['shared_gate'])) if 'shared_gate' in p else 1.0
+      y[n] += gate * np_swiglu(x[n], p['shared_wi_gate'], p['shared_wi_up'], p['shared_wo'])
   return y.reshape(B, T, D), 1.0 - keep.mean()
 
 
-@pytest.mark.parametrize('dispatch,renormalize,shared', [
-    ('dropless', False, 0), ('dropless', True, 1), ('capacity', False, 1), ('capacity', True, 0)])
-def test_forward_matches_numpy(dispatch, renormalize, shared):
-  m = make(dispatch, renormalize, shared, cf=float(E))  # cf=E: C >= N, nothing can drop
+@pytest.mark.parametrize('dispatch,renormalize,shared,shared_gate', [
+    ('dropless', False, 0, False), ('dropless', True, 1, False), ('capacity', False, 1, False),
+    ('capacity', True, 0, False), ('dropless', True, 1, True)])
+def test_forward_matches_numpy(dispatch, renormalize, shared, shared_gate):
+  m = make(dispatch, renormalize, shared, cf=float(E),  # cf=E: C >= N, nothing can drop
+           shared_gate=shared_gate)
   x = rand_x()
   y, aux = m(x)
   y_ref, _ = np_moe(m, x, renormalize)
   assert y.shape == x.shape and y.dtype == x.dtype
   np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
   assert float(aux['dropped_frac']) == 0.0
+
+
+def test_shared_expert_gate_needs_a_shared_expert():
+  with pytest.raises(moe_lib.ConfigError, match='shared_expert_gate.*num_shared_experts'):
+    make(shared=0, shared_gate=True)
+
+
+def test_matches_transformers_qwen3_next_sparse_moe_block():
+  """transformers' Qwen3NextSparseMoeBlock (softmax top-k renormalised, a sigmoid-gated shared
+  expert), random float32 weights copied in: the same output."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from transformers.models.qwen3_next import modeling_qwen3_next as hf_lib  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  config = transformers.Qwen3NextConfig(hidden_size=D, num_experts=E, num_experts_per_tok=K,
+                                        moe_intermediate_size=F, norm_topk_prob=True,
+                                        shared_expert_intermediate_size=F)
+  hf = hf_lib.Qwen3NextSparseMoeBlock(config).float().eval()
+  with torch.no_grad():
+    for p in hf.parameters():
+      p.copy_(0.5 * torch.randn_like(p))
+  m = make('dropless', renormalize=True, shared=1, shared_gate=True)
+  t = lambda p: jnp.asarray(p.detach().numpy())  # noqa: E731
+  gate_up = t(hf.experts.gate_up_proj)                   # [E, 2F, D]: gate rows, then up rows
+  nnx.update(m, nnx.State({
+      'router': t(hf.gate.weight).T, 'wi_gate': gate_up[:, :F].transpose(0, 2, 1),
+      'wi_up': gate_up[:, F:].transpose(0, 2, 1), 'wo': t(hf.experts.down_proj).transpose(0, 2, 1),
+      'shared_wi_gate': t(hf.shared_expert.gate_proj.weight).T,
+      'shared_wi_up': t(hf.shared_expert.up_proj.weight).T,
+      'shared_wo': t(hf.shared_expert.down_proj.weight).T,
+      'shared_gate': t(hf.shared_expert_gate.weight)[0]}))
+  x = rand_x(5)
+  with torch.no_grad():
+    want = hf(torch.from_numpy(np.array(x))).numpy()
+  y, _ = m(x)
+  np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+  assert np.abs(want).max() > 0.1
 
 
 def test_capacity_equals_dropless_without_drops():

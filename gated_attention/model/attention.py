@@ -87,9 +87,11 @@ class Attention(Inspectable, nnx.Module):
     self.wk = param(rngs, (D, K, d), ('embed', 'kv_heads', 'head_dim'), std)
     self.wv = param(rngs, (D, K, d), ('embed', 'kv_heads', 'head_dim'), std)
     self.wo = param(rngs, (H, d, D), ('heads', 'head_dim', 'embed'), std)
-    self.q_norm = RMSNorm(d, eps=cfg.norm_eps, axis_name='head_dim') if cfg.qk_norm else None
-    self.k_norm = RMSNorm(d, eps=cfg.norm_eps, axis_name='head_dim') if cfg.qk_norm else None
-    self.rope = RoPE(d, cfg.rope_base, cfg.rope_scaling)
+    norm = lambda: RMSNorm(d, eps=cfg.norm_eps, axis_name='head_dim',  # noqa: E731
+                           zero_centered=cfg.norm_zero_centered)
+    self.q_norm = norm() if cfg.qk_norm else None
+    self.k_norm = norm() if cfg.qk_norm else None
+    self.rope = RoPE(d, cfg.rope_base, cfg.rope_scaling, cfg.rope_fraction)
     self.gate = gating.Gate(cfg.gate, hidden_size=D, num_heads=H, num_kv_heads=K, head_dim=d,
                             init_std=std, rngs=rngs, norm_eps=cfg.norm_eps,
                             fuse_with_query=cfg.fused_gate_projection)

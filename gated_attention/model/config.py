@@ -11,8 +11,8 @@ validating every field in one place, with messages that name the --config field.
 a ModelConfig; it is hashable, so a model's graphdef is too and compiled functions cache on it.
 
 The dataclasses are also the `model` section's one schema: gated_attention/config/schema.py builds the section
-from `config_defaults()` (ModelConfig's fields, with GateSpec, MoESpec and RopeScaling as its
-gate, moe and rope_scaling sections, and RESOLVED_KEYS), so each field, its default and its
+from `config_defaults()` (ModelConfig's fields, with GateSpec, MoESpec, RopeScaling and
+DeltaNetSpec as its gate, moe, rope_scaling and deltanet sections, and RESOLVED_KEYS), so each field, its default and its
 comment are written once, here; each field's metadata says whether a saved run may change it
 (`free_fields`, read by runs/rundir.py). `from_config` refuses keys it does not know, by name.
 """
@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from gated_attention.model import attention_kernels
 from gated_attention.errors import ConfigError
+from gated_attention.model.deltanet import DeltaNetSpec
 from gated_attention.model.gating import GateSpec
 from gated_attention.model.moe import MoESpec
 from gated_attention.model.rope import RopeScaling
@@ -31,6 +32,7 @@ from gated_attention.model.rope import RopeScaling
 REMAT = ('none', 'full', 'save_attention', 'dots', 'dots_no_batch')
 ATTENTION_IMPLS = attention_kernels.IMPLS  # auto | xla | cudnn | splash | blockwise | chunked
 ROPE_SCALINGS = ('none', 'yarn')
+LAYER_TYPES = ('full_attention', 'linear_attention')   # transformers' names (Qwen3-Next, Qwen3.5)
 __all__ = ['ModelConfig', 'RopeScaling', 'dense_ffn_size', 'config_defaults', 'free_fields',
            'RESOLVED_KEYS']
 
@@ -114,6 +116,19 @@ class ModelConfig:
   fused_gate_projection: bool = dataclasses.field(default=True, metadata=FREE_ON_RESUME)
   # moe.py; the section's num_experts=0 (its default) is a dense SwiGLU FFN: moe=None
   moe: MoESpec | None = _section(MoESpec, None)
+  # The hybrids of Qwen3-Next / Qwen3.5 (beyond the paper; their attention layers carry the
+  # paper's gate, `gate`): one entry per layer, full_attention (attention.py, with the gate) or
+  # linear_attention (a Gated DeltaNet, deltanet.py, shaped by `deltanet`); () (the default):
+  # every layer full attention, the paper's decoder. A periodic pattern (three linear layers,
+  # then one attention layer) compiles as a scan over its periods (transformer.py).
+  layer_types: tuple = ()
+  deltanet: DeltaNetSpec = _section(DeltaNetSpec, DeltaNetSpec())
+  # Partial RoPE: the share of head_dim that RoPE rotates (its first dims; the rest carry no
+  # position), transformers' partial_rotary_factor (Qwen3-Next / Qwen3.5: 0.25). 1: all of it.
+  rope_fraction: float = 1.0
+  # Zero-centred RMSNorm: every RMSNorm of the decoder (blocks, final, QK-norm) scales by
+  # 1 + w with w initialised to 0 (Qwen3-Next / Qwen3.5), instead of w initialised to 1.
+  norm_zero_centered: bool = False
 
   def __post_init__(self):
     def bad(field, msg):
@@ -137,10 +152,27 @@ class ModelConfig:
     if self.attention_impl not in ATTENTION_IMPLS:
       bad('attention_impl', f'{self.attention_impl!r} is not one of '
           f'{", ".join(ATTENTION_IMPLS)} (attention_kernels.py describes each).')
+    if not isinstance(self.layer_types, tuple):
+      object.__setattr__(self, 'layer_types', tuple(self.layer_types))
+    unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+    if unknown:
+      bad('layer_types', f'{unknown} are not layer types; each entry is one of '
+          f'{", ".join(LAYER_TYPES)}.')
+    if self.layer_types and len(self.layer_types) != self.num_layers:
+      bad('layer_types', f'has {len(self.layer_types)} entries for num_layers={self.num_layers}: '
+          'give one per layer, or () for every layer full attention.')
+    if self.layer_types and 'full_attention' not in self.layer_types and self.gate.position != 'none':
+      bad('gate.position', f'{self.gate.position!r} gates attention, and layer_types has no '
+          'full_attention layer: set config.model.gate.position=none or add attention layers.')
+    rotary = self.head_dim * self.rope_fraction
+    if not 0 < self.rope_fraction <= 1 or rotary != int(rotary) or int(rotary) % 2:
+      bad('rope_fraction', f'{self.rope_fraction} must be in (0, 1] and make head_dim x '
+          f'rope_fraction an even number of dims (head_dim={self.head_dim}).')
     if self.rope_scaling.type not in ROPE_SCALINGS:
       bad('rope_scaling.type', f'{self.rope_scaling.type!r} is not one of '
           f'{", ".join(ROPE_SCALINGS)}.')
-    for field in ('attention_fused_bwd', 'fused_gate_projection', 'scan_layers'):
+    for field in ('attention_fused_bwd', 'fused_gate_projection', 'scan_layers',
+                  'norm_zero_centered'):
       if not isinstance(getattr(self, field), bool):
         bad(field, f'must be True or False, got {getattr(self, field)!r}.')
     try:
@@ -171,11 +203,32 @@ class ModelConfig:
     return cls(**{k: m[k] for k in plain - {'ffn_size'}},
                rope_scaling=RopeScaling(**sections['rope_scaling']),
                ffn_size=0 if moe else dense_ffn_size(m, gate),
-               gate=gate, moe=moe, platform=platform)
+               gate=gate, moe=moe, platform=platform,
+               deltanet=DeltaNetSpec.from_config(sections['deltanet']))
 
   @property
   def compute_dtype(self):
     return jnp.dtype(self.dtype)
+
+  @property
+  def is_hybrid(self) -> bool:
+    """Whether some layers are Gated DeltaNets (`layer_types`)."""
+    return 'linear_attention' in self.layer_types
+
+  @property
+  def layer_period(self) -> tuple[str, ...]:
+    """The shortest run of layer types whose repetition is `layer_types` (the whole list when
+    it does not repeat; ('full_attention',) for the paper's decoder): the unit the layer scan
+    runs over (transformer.py)."""
+    types = self.layer_types or ('full_attention',) * self.num_layers
+    for p in range(1, self.num_layers + 1):
+      if self.num_layers % p == 0 and types == types[:p] * (self.num_layers // p):
+        return types[:p]
+    return types
+
+  @property
+  def num_attention_layers(self) -> int:
+    return self.num_layers if not self.layer_types else self.layer_types.count('full_attention')
 
   @property
   def pools_ffn_stats(self) -> bool:
@@ -188,12 +241,16 @@ def dense_ffn_size(m, gate: GateSpec | None = None) -> int:
   """The SwiGLU width of the `model` section `m`. With `ffn_match_baseline`, the FFN pays for
   the gate's parameters, so a gated dense model has the baseline's parameter count to within
   1.5 * D per layer (the paper shrinks the FFN of its gated dense models, Sec. 3; by how much
-  it does not say)."""
+  it does not say). In a hybrid only the attention layers have a gate: every FFN pays its
+  share of theirs."""
   if not m['ffn_match_baseline']:
     return m['ffn_size']
   gate = gate or GateSpec.from_config(m['gate'])
   gate_params = gate.num_params(hidden_size=m['hidden_size'], num_heads=m['num_heads'],
                                 num_kv_heads=m['num_kv_heads'], head_dim=m['head_dim'])
+  types = tuple(m.get('layer_types') or ())
+  if types:
+    gate_params = gate_params * types.count('full_attention') / len(types)
   return m['ffn_size'] - round(gate_params / (3 * m['hidden_size']))
 
 

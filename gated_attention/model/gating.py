@@ -48,6 +48,7 @@ from gated_attention.errors import ConfigError
 from gated_attention.model.layers import Inspectable, project
 
 POSITIONS = ('none', 'g1', 'g2', 'g3', 'g4', 'g5')
+PACKINGS = ('kv_group', 'head')
 KINDS = ('gate', 'rmsnorm', 'silu_noparam')
 ACTIVATIONS = {
     'sigmoid': jax.nn.sigmoid,
@@ -78,6 +79,11 @@ class GateSpec:
   input_dependent: bool = True  # False: a learnable zero-initialised parameter, no dependence on X
   # G3/G4 only: gate after QK-norm and RoPE instead of on the projection
   after_qk_norm_rope: bool = False
+  # How a G1 gate computed from X is packed into a widened q_proj in Hugging Face checkpoints
+  # (runs/hf/): kv_group (the authors' release: per KV group [G*d queries | G*g gate logits]) |
+  # head (Qwen3-Next / Qwen3.5: [q_h | g_h] per query head, as the fused projection computes
+  # it). The model computes the same function either way: the gate owns its kernel.
+  packing: str = 'kv_group'
 
   def __post_init__(self):
     self.validate()
@@ -97,7 +103,7 @@ class GateSpec:
       raise ConfigError(f'config.model.gate.{field}: {msg}')
     choices = dict(position=POSITIONS, kind=KINDS, granularity=('elementwise', 'headwise'),
                    shared_reduce=('score', 'logit'), mode=('multiplicative', 'additive'),
-                   activation=tuple(ACTIVATIONS))
+                   activation=tuple(ACTIVATIONS), packing=PACKINGS)
     for field, allowed in choices.items():
       if getattr(self, field) not in allowed:
         bad(field, f'{getattr(self, field)!r} is not one of {", ".join(allowed)}.')

@@ -37,16 +37,22 @@ def project_in(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 class RMSNorm(nnx.Module):
-  """x / rms(x) * scale over the last axis, computed in float32."""
+  """x / rms(x) * scale over the last axis, computed in float32. Zero-centred
+  (config.model.norm_zero_centered; Qwen3-Next / Qwen3.5): x / rms(x) * (1 + scale), the scale
+  initialised to 0 (the same function at init; weight decay pulls it to 1, not 0)."""
 
-  def __init__(self, dim: int, *, eps: float, axis_name: str = 'embed'):
-    self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), logical_axes=(axis_name,))
+  def __init__(self, dim: int, *, eps: float, axis_name: str = 'embed',
+               zero_centered: bool = False):
+    init = jnp.zeros if zero_centered else jnp.ones
+    self.scale = nnx.Param(init((dim,), jnp.float32), logical_axes=(axis_name,))
     self.eps = eps
+    self.zero_centered = zero_centered
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
     ms = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-    return (x32 * jax.lax.rsqrt(ms + self.eps) * self.scale[...]).astype(x.dtype)
+    scale = 1.0 + self.scale[...] if self.zero_centered else self.scale[...]
+    return (x32 * jax.lax.rsqrt(ms + self.eps) * scale).astype(x.dtype)
 
 
 class MLP(nnx.Module):
@@ -92,14 +98,26 @@ class Inspectable:
 
 def capture_stats(module: nnx.Module, *args, **kwargs) -> tuple:
   """(module(*args, **kwargs), {name: statistic}) with every Inspectable inside viewed with
-  `inspect=True`: what they `sow` is collected by name (inside `nnx.scan`, stacked per layer)."""
+  `inspect=True`: what they `sow` is collected by name (inside `nnx.scan`, stacked per layer).
+  In a hybrid (transformer.LayerPeriod) the blocks `layer_<i>` of a period sow the same names,
+  each stacked over the periods [N, ...]: they are interleaved into layer order [N * n, ...]
+  (n the period's blocks that sow it: an attention statistic has one row per attention layer)."""
   view = nnx.view(module, inspect=True)
   out, sown = nnx.capture(view, nnx.Intermediate)(*args, **kwargs)
-  stats = {}
+  by_name = {}
   for path, value in nnx.to_flat_state(sown):
-    if path[-1] in stats:
-      raise ValueError(f'Two modules sow the statistic {path[-1]!r}.')
-    stats[path[-1]] = (value.get_value() if isinstance(value, nnx.Variable) else value)[0]
+    position = next((int(p[len('layer_'):]) for p in path
+                     if isinstance(p, str) and p.startswith('layer_')), None)
+    value = (value.get_value() if isinstance(value, nnx.Variable) else value)[0]
+    by_name.setdefault(path[-1], []).append((position, value))
+  stats = {}
+  for name, entries in by_name.items():
+    positions = [p for p, _ in entries]
+    if len(entries) > 1 and (None in positions or len(set(positions)) < len(positions)):
+      raise ValueError(f'Two modules sow the statistic {name!r}.')
+    values = [v for _, v in sorted(entries, key=lambda e: e[0] or 0)]
+    stats[name] = values[0] if len(values) == 1 else jax.tree.map(
+        lambda *a: jnp.stack(a, axis=1).reshape((-1,) + a[0].shape[1:]), *values)
   return out, stats
 
 

@@ -4,7 +4,8 @@ Routing: router logits are computed in float32 (`logits_NxE = x @ W_router`),
 `probs = softmax(logits)`, the top-k experts of every token are selected and
 (optionally, `cfg.moe.renormalize`) their probabilities renormalised to sum to 1.
 The routed output is `sum_k w_k * SwiGLU_{e_k}(x)`; shared experts (one SwiGLU of
-width `num_shared_experts * expert_ffn_size`) are added on top. Parameters are
+width `num_shared_experts * expert_ffn_size`) are added on top, with `shared_expert_gate` times a
+per-token sigmoid(x w) (Qwen3-Next and Qwen3.5's sigmoid-gated shared expert). Parameters are
 float32, expert matmuls run in `cfg.dtype`.
 
 Dispatch (`cfg.moe.dispatch`):
@@ -105,6 +106,9 @@ class MoESpec:
   expert_ffn_size: int = 0
   num_shared_experts: int = 0
   renormalize: bool = False     # renormalise the selected top-k probabilities to sum to 1
+  # The shared experts' output times sigmoid(x w), w [D] a learned per-token scalar gate
+  # (Qwen3-Next / Qwen3.5 MoE: shared_expert_gate); needs num_shared_experts >= 1
+  shared_expert_gate: bool = False
   lb_loss_coef: float = 1e-3
   lb_loss_type: str = 'global'  # global (statistics over the whole global batch) | sequence
   router_z_loss_coef: float = 1e-3
@@ -123,6 +127,9 @@ class MoESpec:
       bad('top_k', f'{self.top_k} must be in [1, num_experts={self.num_experts}].')
     if self.expert_ffn_size < 1:
       bad('expert_ffn_size', f'must be positive, got {self.expert_ffn_size}.')
+    if self.shared_expert_gate and self.num_shared_experts < 1:
+      bad('shared_expert_gate', 'gates the shared experts\' output, and num_shared_experts is '
+          f'{self.num_shared_experts}: set num_shared_experts >= 1 or shared_expert_gate=False.')
     if self.dispatch not in ('dropless', 'capacity'):
       bad('dispatch', f'Unknown moe.dispatch {self.dispatch!r}; expected dropless or capacity.')
     if self.lb_loss_type not in ('global', 'sequence'):
@@ -161,6 +168,8 @@ class MoE(nnx.Module):
       self.shared_wi_gate = _param(rngs, (D, S), std, ('embed', 'mlp'))
       self.shared_wi_up = _param(rngs, (D, S), std, ('embed', 'mlp'))
       self.shared_wo = _param(rngs, (S, D), std, ('mlp', 'embed'))
+    if m.shared_expert_gate:
+      self.shared_gate = _param(rngs, (D,), std, ('embed',))
     self.has_shared = bool(S)
 
   def _dropless(self, x_NxD, weights_NxK, experts_NxK):
@@ -208,8 +217,12 @@ class MoE(nnx.Module):
     routed = self._dropless if m.dispatch == 'dropless' else self._capacity
     y_NxD, dropped_frac = routed(x_c, weights_NxK, experts_NxK)
     if self.has_shared:
-      y_NxD = y_NxD + _swiglu(x_c, self.shared_wi_gate[...], self.shared_wi_up[...],
-                              self.shared_wo[...], self.dtype)
+      shared_NxD = _swiglu(x_c, self.shared_wi_gate[...], self.shared_wi_up[...],
+                           self.shared_wo[...], self.dtype)
+      if m.shared_expert_gate:      # sigmoid(x w) per token, in float32
+        gate_N = jax.nn.sigmoid(x_NxD.astype(jnp.float32) @ self.shared_gate[...])
+        shared_NxD = (shared_NxD * gate_N[:, None]).astype(self.dtype)
+      y_NxD = y_NxD + shared_NxD
     aux = self._aux(logits_NxE, probs_NxE, experts_NxK, (B, T), pooled)
     aux['dropped_frac'] = dropped_frac
     return y_NxD.reshape(B, T, D).astype(x_BxTxD.dtype), aux

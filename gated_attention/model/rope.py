@@ -61,20 +61,30 @@ class RoPE:
   """`apply(x_BxTxNxd, positions_BxT)` rotates queries or keys; `rotate(x, *tables(positions))`
   is the same with the sin / cos tables made once for several calls (`constant_tables` for the
   positions 0 .. T-1 of a training window). A hashable value (it lives in the model's
-  graphdef); the frequencies are computed in float64 numpy when a function is traced."""
+  graphdef); the frequencies are computed in float64 numpy when a function is traced.
+
+  Partial RoPE (`fraction` < 1, config.model.rope_fraction; Qwen3-Next / Qwen3.5: 0.25): the
+  first rotary_dim = fraction x head_dim dims are rotated, rotate-half within them, with the
+  frequencies of a head of rotary_dim dims; the other dims pass through (transformers'
+  partial_rotary_factor)."""
   head_dim: int
   base: float
   scaling: RopeScaling | None = None
+  fraction: float = 1.0
 
   def __post_init__(self):
     if isinstance(self.scaling, dict):
       object.__setattr__(self, 'scaling', RopeScaling(**self.scaling))
-    inverse_frequencies(self.head_dim, self.base, self.scaling)  # validates
+    inverse_frequencies(self.rotary_dim, self.base, self.scaling)  # validates
+
+  @property
+  def rotary_dim(self) -> int:
+    return int(round(self.head_dim * self.fraction))
 
   def tables(self, positions_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(sin, cos) [B, T, 1, head_dim // 2] float32 (YaRN's scale folded in) for `rotate`, at
+    """(sin, cos) [B, T, 1, rotary_dim // 2] float32 (YaRN's scale folded in) for `rotate`, at
     any positions (a KV cache's)."""
-    inv_freq, mscale = inverse_frequencies(self.head_dim, self.base, self.scaling)
+    inv_freq, mscale = inverse_frequencies(self.rotary_dim, self.base, self.scaling)
     angles_BxTxh = positions_BxT[..., None].astype(jnp.float32) * inv_freq.astype(np.float32)
     sin = (jnp.sin(angles_BxTxh) * mscale)[:, :, None, :]
     cos = (jnp.cos(angles_BxTxh) * mscale)[:, :, None, :]
@@ -87,18 +97,23 @@ class RoPE:
     each rotation and evaluates them once per element of [B, T, N, head_dim], not of
     [T, head_dim / 2] (on CPU that made q and k's rotation 4x as slow, forward and backward;
     an optimization barrier does not stop it: XLA:CPU removes barriers before fusing)."""
-    inv_freq, mscale = inverse_frequencies(self.head_dim, self.base, self.scaling)
+    inv_freq, mscale = inverse_frequencies(self.rotary_dim, self.base, self.scaling)
     angles_Txh = np.arange(seq_len, dtype=np.float64)[:, None] * inv_freq
     table = lambda f: (f(angles_Txh) * mscale).astype(np.float32)[None, :, None, :]  # noqa: E731
     return table(np.sin), table(np.cos)
 
   @staticmethod
   def rotate(x_BxTxNxd: jax.Array, sin_BxTx1xh: jax.Array, cos_BxTx1xh: jax.Array) -> jax.Array:
-    """Rotates queries or keys by the angles of `tables` (rotate-half layout, in float32)."""
-    x1, x2 = jnp.split(x_BxTxNxd.astype(jnp.float32), 2, axis=-1)
+    """Rotates queries or keys by the angles of `tables` (rotate-half layout, in float32): the
+    first 2 x (the tables' last dim) dims of x, the rest unchanged (partial RoPE)."""
+    rot = 2 * sin_BxTx1xh.shape[-1]
+    x32 = x_BxTxNxd.astype(jnp.float32)
+    x1, x2 = jnp.split(x32[..., :rot], 2, axis=-1)
     s, c = sin_BxTx1xh, cos_BxTx1xh
-    out = jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
-    return out.astype(x_BxTxNxd.dtype)
+    parts = [x1 * c - x2 * s, x2 * c + x1 * s]
+    if rot < x_BxTxNxd.shape[-1]:
+      parts.append(x32[..., rot:])
+    return jnp.concatenate(parts, axis=-1).astype(x_BxTxNxd.dtype)
 
   def apply(self, x_BxTxNxd: jax.Array, positions_BxT: jax.Array) -> jax.Array:
     """Rotates queries or keys [B, T, N, head_dim] at `positions_BxT`."""

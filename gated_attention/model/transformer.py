@@ -25,6 +25,14 @@ any; a dense FFN has none and never receives them).
 Document masking (data.document_mask, attention_kernels.py): with `segment_ids_BxT` every
 attention layer lets a token see only earlier tokens of its own document (train.py passes
 `document_ids` of the inputs); positions stay absolute in the window (attention.py says why).
+
+Hybrids (config.model.layer_types; Qwen3-Next / Qwen3.5, beyond the paper): a block's mixer is
+the gated attention or a Gated DeltaNet (deltanet.py). The blocks of one period of the layer
+pattern form a LayerPeriod (three DeltaNet blocks, then an attention block), and the periods
+are stacked and scanned as the paper's blocks are, so the 48 layers of Qwen3-Next compile as
+one period: layer l is `blocks.layer_<l % P>` at index l // P of the stacked axis. The FFNs'
+aux outputs come back in layer order [L, ...]; the cache (generate.py) is a tuple over the
+period's positions (`hybrid_cache`). The paper's decoder (layer_types empty) is unchanged.
 """
 
 import jax
@@ -32,9 +40,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gated_attention.model import attention_kernels
+from gated_attention.model import attention_kernels, deltanet
 from gated_attention import sharding
 from gated_attention.model.attention import Attention
+from gated_attention.model.deltanet import GatedDeltaNet
 from gated_attention.model.attention_kernels import document_ids  # noqa: F401 (re-exported)
 from gated_attention.model.config import ModelConfig
 from gated_attention.model.context import Context
@@ -104,25 +113,38 @@ def _where_max_abs(h_BxTxD: jax.Array) -> dict:
 
 
 class Block(Inspectable, nnx.Module):
-  """h = h + [Norm](Attn(Norm(h))); h = h + [Norm](FFN(Norm(h))), [Norm] with sandwich norm."""
+  """h = h + [Norm](Mixer(Norm(h))); h = h + [Norm](FFN(Norm(h))), [Norm] with sandwich norm.
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  The mixer is the gated attention (`attn`, attention.py) or, in a hybrid's linear_attention
+  layers, a Gated DeltaNet (`linear_attn`, deltanet.py): transformers' self_attn / linear_attn."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, layer_type: str = 'full_attention'):
     D, eps = cfg.hidden_size, cfg.norm_eps
-    self.attn_norm = RMSNorm(D, eps=eps)
-    self.attn = Attention(cfg, rngs=rngs)
-    self.ffn_norm = RMSNorm(D, eps=eps)
+    norm = lambda: RMSNorm(D, eps=eps, zero_centered=cfg.norm_zero_centered)  # noqa: E731
+    self.attn_norm = norm()
+    if layer_type == 'linear_attention':
+      self.linear_attn = GatedDeltaNet(cfg.deltanet, hidden_size=D, norm_eps=eps,
+                                       init_std=cfg.init_std, dtype=cfg.compute_dtype, rngs=rngs)
+    else:
+      self.attn = Attention(cfg, rngs=rngs)
+    self.ffn_norm = norm()
     if cfg.moe is not None:
       self.ffn = MoE(cfg, rngs=rngs)
     else:
       self.ffn = MLP(D, cfg.ffn_size, std=cfg.init_std, dtype=cfg.compute_dtype, rngs=rngs)
-    self.attn_post_norm = RMSNorm(D, eps=eps) if cfg.sandwich_norm else None
-    self.ffn_post_norm = RMSNorm(D, eps=eps) if cfg.sandwich_norm else None
+    self.attn_post_norm = norm() if cfg.sandwich_norm else None
+    self.ffn_post_norm = norm() if cfg.sandwich_norm else None
     self.inspect = False
 
+  @property
+  def mixer(self):
+    """The token mixer: the attention, or the Gated DeltaNet of a linear_attention layer."""
+    return self.linear_attn if hasattr(self, 'linear_attn') else self.attn
+
   def __call__(self, h_BxTxD, ctx: Context):
-    """Returns (h_out, (aux, kv)): the FFN's aux outputs and the attention's KV cache (None
+    """Returns (h_out, (aux, kv)): the FFN's aux outputs and the mixer's cache (None
     without one). `ctx`: this layer's view of the call's Context (context.py)."""
-    attn_out, kv = self.attn(self.attn_norm(h_BxTxD), ctx)
+    attn_out, kv = self.mixer(self.attn_norm(h_BxTxD), ctx)
     if self.attn_post_norm is not None:
       attn_out = self.attn_post_norm(attn_out)
     h_attn = sharding.constrain(h_BxTxD + attn_out, ('batch', 'seq', 'embed'))
@@ -140,6 +162,37 @@ class Block(Inspectable, nnx.Module):
     return h_out, (aux, kv)
 
 
+class LayerPeriod(nnx.Module):
+  """One period of a hybrid's layer pattern (ModelConfig.layer_period, e.g. three Gated DeltaNet
+  layers then one attention layer): its blocks in order, `layers[i]` the period's i-th. The
+  Transformer stacks N = num_layers / P periods and scans over them, so layer l is the block
+  `blocks.layer_{l % P}` at index l // P of the stacked axis (parameter paths
+  blocks/layer_<i>/linear_attn/..., blocks/layer_<i>/attn/...; `layers` lists them in order).
+
+  Per-layer parts of the Context (context.py) arrive here as one period's: `kv` a tuple of P
+  caches (attention {'k', 'v'}, DeltaNet deltanet.init_cache's), `pooled` [P, ...]."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.period = len(cfg.layer_period)
+    for i, layer_type in enumerate(cfg.layer_period):
+      setattr(self, f'layer_{i}', Block(cfg, rngs=rngs, layer_type=layer_type))
+
+  @property
+  def layers(self) -> list[Block]:
+    return [getattr(self, f'layer_{i}') for i in range(self.period)]
+
+  def __call__(self, h_BxTxD, ctx: Context):
+    auxes, caches = [], []
+    for i, block in enumerate(self.layers):
+      layer = {'kv': None if ctx.kv is None else ctx.kv[i],
+               'pooled': None if ctx.pooled is None else jax.tree.map(lambda a: a[i], ctx.pooled)}
+      h_BxTxD, (aux, kv) = block(h_BxTxD, ctx.at_layer(layer))
+      auxes.append(aux)
+      caches.append(kv)
+    aux_P = jax.tree.map(lambda *a: jnp.stack(a), *auxes)
+    return h_BxTxD, (aux_P, None if ctx.kv is None else tuple(caches))
+
+
 class Transformer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -149,15 +202,20 @@ class Transformer(nnx.Module):
     self.cfg = cfg
     self.embed = Embed(cfg.vocab_size, cfg.hidden_size, std=cfg.init_std,
                        dtype=cfg.compute_dtype, rngs=rngs)
+    # The paper's decoder stacks Blocks [L, ...]; a hybrid stacks LayerPeriods [L / P, ...].
+    unit = LayerPeriod if cfg.is_hybrid else Block
+    self.num_stacked = cfg.num_layers // len(cfg.layer_period) if cfg.is_hybrid else cfg.num_layers
 
-    @nnx.split_rngs(splits=cfg.num_layers)
+    @nnx.split_rngs(splits=self.num_stacked)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def make_blocks(r):
-      return Block(cfg, rngs=r)
+      return unit(cfg, rngs=r)
 
     self.blocks = make_blocks(rngs)
-    self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-    self.rope = RoPE(cfg.head_dim, cfg.rope_base, cfg.rope_scaling)  # every layer's (attention.py)
+    self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps,
+                              zero_centered=cfg.norm_zero_centered)
+    # every attention layer's (attention.py)
+    self.rope = RoPE(cfg.head_dim, cfg.rope_base, cfg.rope_scaling, cfg.rope_fraction)
     self.lm_head = None if cfg.tie_embeddings else param(
         rngs, (cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'), cfg.init_std)
 
@@ -177,13 +235,20 @@ class Transformer(nnx.Module):
       return h_BxTxD, aux
     return self.logits(h_BxTxD, self.head_kernel()), aux
 
-  def decode(self, tokens_BxT: jax.Array, start_B: jax.Array, kv: dict) -> tuple[jax.Array, dict]:
+  def decode(self, tokens_BxT: jax.Array, start_B: jax.Array, kv: dict,
+             lengths_B: jax.Array | None = None) -> tuple[jax.Array, dict]:
     """With a KV cache (generate.py): sequence b's tokens sit at positions start_B[b] + t; the
     cache {'k', 'v'} [L, B, S, K, d] has every slot before start_B[b] written. Returns float32
-    logits [B, T, V] and the cache with these tokens written."""
+    logits [B, T, V] and the cache with these tokens written. `lengths_B`: how many of the T
+    tokens of each sequence are real (a right-padded prompt's chunk), or None (all): a Gated
+    DeltaNet's state passes the rest through (deltanet.py); attention masks them by causality."""
     T = tokens_BxT.shape[1]
     positions_BxT = start_B[:, None].astype(jnp.int32) + jnp.arange(T, dtype=jnp.int32)
-    ctx = Context(positions_BxT, rope_tables=self.rope.tables(positions_BxT), kv=kv)
+    valid_BxT = None
+    if lengths_B is not None:
+      valid_BxT = jnp.arange(T, dtype=jnp.int32)[None, :] < lengths_B[:, None]
+    ctx = Context(positions_BxT, rope_tables=self.rope.tables(positions_BxT), kv=kv,
+                  valid_BxT=valid_BxT)
     h_BxTxD, (_, kv) = self._blocks(tokens_BxT, ctx)
     return self.logits(self.final_norm(h_BxTxD), self.head_kernel()), kv
 
@@ -194,6 +259,10 @@ class Transformer(nnx.Module):
     once for every layer) are closed over (context.py)."""
     h_BxTxD = sharding.constrain(self.embed(tokens_BxT), ('batch', 'seq', 'embed'))
     shared, per_layer = ctx.split_layers()
+    N, L = self.num_stacked, self.cfg.num_layers
+    if self.cfg.is_hybrid and per_layer['pooled'] is not None:   # [L, ...] -> [N, P, ...]
+      per_layer['pooled'] = jax.tree.map(lambda a: a.reshape((N, L // N) + a.shape[1:]),
+                                         per_layer['pooled'])
 
     def body(h, block, layer):
       return block(h, shared.at_layer(layer))
@@ -202,7 +271,10 @@ class Transformer(nnx.Module):
       body = nnx.remat(body, policy=REMAT_POLICIES[self.cfg.remat])
     # scan_layers=False unrolls the loop (unroll=True): the parameters stay stacked [L, ...].
     scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), unroll=not self.cfg.scan_layers)
-    return scan(h_BxTxD, self.blocks, per_layer)
+    h_BxTxD, (aux, kv) = scan(h_BxTxD, self.blocks, per_layer)
+    if self.cfg.is_hybrid:                                       # [N, P, ...] -> [L, ...]
+      aux = jax.tree.map(lambda a: a.reshape((L,) + a.shape[2:]), aux)
+    return h_BxTxD, (aux, kv)
 
   def head_kernel(self) -> jax.Array:
     """The LM head [D, V] in float32: the embedding table, transposed, when tied."""
@@ -213,13 +285,38 @@ class Transformer(nnx.Module):
     logits = project(h_BxTxD, kernel_DxV.astype(h_BxTxD.dtype))
     return sharding.constrain(logits, ('batch', 'seq', 'vocab')).astype(jnp.float32)
 
+  @property
+  def layer_blocks(self) -> list[Block]:
+    """The stacked Blocks: one (every layer) in the paper's decoder, one per position of the
+    layer period in a hybrid (each stacked over the periods)."""
+    return self.blocks.layers if self.cfg.is_hybrid else [self.blocks]
+
   def ffn_loss_and_metrics(self, aux_L: dict) -> tuple[jax.Array, dict]:
     """The FFNs' auxiliary training loss and their metrics (MoE: load balancing, z-loss)."""
-    return self.blocks.ffn.reduce_aux(aux_L)
+    return self.layer_blocks[0].ffn.reduce_aux(aux_L)
 
   def ffn_pooled_stats(self, aux_L: dict):
     """What gradient accumulation pools over micro-batches for the FFNs (or None)."""
-    return self.blocks.ffn.pooled_stats(aux_L)
+    return self.layer_blocks[0].ffn.pooled_stats(aux_L)
+
+
+def hybrid_cache(cfg: ModelConfig, batch: int, max_len: int) -> tuple:
+  """An empty cache of a hybrid (LayerPeriod's layout): one entry per position of the layer
+  period, stacked over the periods [N, ...]: an attention layer's KV cache {'k', 'v'}
+  [N, B, max_len, K, d] in the compute dtype, a Gated DeltaNet's conv states and float32 state
+  (deltanet.init_cache), whose size does not grow with max_len."""
+  N = cfg.num_layers // len(cfg.layer_period)
+  stack = lambda tree: jax.tree.map(  # noqa: E731
+      lambda a: jnp.broadcast_to(a, (N,) + a.shape), tree)
+  out = []
+  for layer_type in cfg.layer_period:
+    if layer_type == 'linear_attention':
+      out.append(stack(deltanet.init_cache(cfg.deltanet, batch, cfg.compute_dtype)))
+    else:
+      shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+      out.append(stack({'k': jnp.zeros(shape, cfg.compute_dtype),
+                        'v': jnp.zeros(shape, cfg.compute_dtype)}))
+  return tuple(out)
 
 
 def inspect(model: Transformer, tokens_BxT: jax.Array,
@@ -245,11 +342,13 @@ def param_report(cfg: ModelConfig) -> dict:
   for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
     keys = [str(getattr(p, 'key', getattr(p, 'name', p))) for p in path]
     keys = [k for k in keys if k != 'value']
-    group = '.'.join(keys[:3] if keys[0] == 'blocks' else keys[:1])
+    depth = 3 if keys[0] == 'blocks' else 1
+    group = '.'.join(keys[:depth])
     by_module[group] = by_module.get(group, 0) + int(leaf.size)
   total = sum(by_module.values())
   embedding = cfg.vocab_size * cfg.hidden_size
-  return {'total': total, 'active': total - model.blocks.ffn.inactive_params(),
+  inactive = sum(b.ffn.inactive_params() for b in model.layer_blocks)
+  return {'total': total, 'active': total - inactive,
           'embedding': embedding,
           'non_embedding': total - embedding - (0 if cfg.tie_embeddings else embedding),
           'by_module': dict(sorted(by_module.items()))}
@@ -260,9 +359,13 @@ def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
   Matmuls: 6 x the active parameters that multiply activations (everything but the embedding
   lookup; a tied table counts once, as the LM head). Attention: QK^T and PV, each 2 * T * d
-  FLOPs per query head and token, halved by the causal mask, times 3: 6 * L * H * d * T.
+  FLOPs per query head and token, halved by the causal mask, times 3: 6 * L * H * d * T, over
+  the attention layers. A hybrid's Gated DeltaNet layers add their chunked delta rule's
+  (deltanet.DeltaNetSpec.flops_per_token, times 3), which grows with the chunk, not with T.
   """
   report = param_report(cfg)
   matmul_params = report['active'] - (0 if cfg.tie_embeddings else report['embedding'])
-  attention = 6 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
-  return 6.0 * matmul_params + attention
+  attention = 6 * cfg.num_attention_layers * cfg.num_heads * cfg.head_dim * seq_len
+  linear_layers = cfg.num_layers - cfg.num_attention_layers
+  delta_rule = linear_layers * deltanet.layer_flops_per_token(cfg.deltanet, seq_len)
+  return 6.0 * matmul_params + attention + delta_rule

@@ -29,10 +29,16 @@ RETIRED_KEYS: dict[str, tuple] = {
 
 
 def _overlay(defaults: dict, saved: dict) -> dict:
+  """`saved` over `defaults`; a list where the default is a tuple (JSON has no tuples:
+  model.layer_types) is read back as a tuple, as the config holds it."""
   out = dict(defaults)
   for k, v in saved.items():
-    out[k] = _overlay(defaults[k], v) if isinstance(v, dict) and isinstance(
-        defaults.get(k), dict) else v
+    if isinstance(v, dict) and isinstance(defaults.get(k), dict):
+      out[k] = _overlay(defaults[k], v)
+    elif isinstance(v, list) and isinstance(defaults.get(k), tuple):
+      out[k] = tuple(v)
+    else:
+      out[k] = v
   return out
 
 
