@@ -69,6 +69,19 @@ def test_chunked_holds_under_strong_decay():
   np.testing.assert_allclose(s_c, s_ref, rtol=1e-5, atol=1e-5)
 
 
+def test_chunked_holds_for_repeated_keys_without_decay():
+  """The hardest case for the chunk's triangular system: every key the same, beta near 1, no
+  decay (the powers of A grow binomially; forward substitution does not form them)."""
+  q, _, v, _, _, state = _core_inputs(30)
+  k = np.broadcast_to(np.asarray(deltanet.l2_normalize(_randn(31, (1, 1, 4, 8)))), q.shape)
+  g, beta = np.zeros(q.shape[:3], np.float32), np.full(q.shape[:3], 0.99, np.float32)
+  (o_c, s_c), _ = _both_rules(q, np.array(k), v, g, beta, state, SEGMENTS, 8, True)
+  o_ref, s_ref = ref.gated_delta_rule(*(np.float64(a) for a in (q, k, v, g, beta, state)),
+                                      segment_ids_BxT=SEGMENTS)
+  np.testing.assert_allclose(o_c, o_ref, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(s_c, s_ref, rtol=1e-5, atol=1e-5)
+
+
 def test_chunked_gradients_equal_recurrent():
   q, k, v, g, beta, state = _core_inputs(20)
   w = _randn(26, (B, T, 4, 6))

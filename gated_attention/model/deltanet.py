@@ -26,7 +26,8 @@ Two forms of the same recurrence (tests/test_deltanet.py: both equal a float64 n
              with gamma_t the decay accumulated since the chunk's start, the writes u of the
              chunk solve one unit lower-triangular system
                  (I + A) u = beta v - beta gamma K S_0,  A_tj = beta_t (gamma_t/gamma_j) k_t.k_j  (j < t)
-             (solved once for all chunks at once, `triangular_solve`), so u = W_v - W_k S_0; the
+             (solved once for all chunks at once: `unit_lower_inverse`, forward substitution
+             over the chunk's rows), so u = W_v - W_k S_0; the
              only sequential part is a scan over the T / C chunks carrying S [B, Hv, dk, dv]:
                  o = (gamma q) S_0 + [(gamma_t/gamma_j) q_t.k_j]_{j<=t} u,
                  S_C = gamma_C S_0 + sum_j (gamma_C/gamma_j) k_j u_j^T.
@@ -124,13 +125,14 @@ class DeltaNetSpec:
 
   def flops_per_token(self, seq_len: int) -> float:
     """Forward FLOPs per token of the delta rule itself (the projections are matmuls of the
-    parameters, counted with them): the chunked form's per-chunk products, per value head, with
-    C = min(chunk_size, seq_len): A and the intra-chunk scores (2 x 2 C dk, causal halves
-    counted whole, as computed), the triangular solve over dv + dk right-hand sides (C (dk+dv)),
-    W_k S and q S (2 x 2 dk dv), the intra-chunk output (2 C dv), the state update (2 dk dv)."""
+    parameters, counted with them), per value head, as the chunked form computes them, with
+    C = min(chunk_size, seq_len): A and the intra-chunk scores (2 x 2 C dk, both whole C x C
+    blocks), the inverse of I + A by forward substitution (2 C^2: each row a [C] x [C, C]
+    product), its product with the dv + dk right-hand sides (2 C (dk + dv)), W_k S, q S and the
+    state update (3 x 2 dk dv), the intra-chunk output (2 C dv)."""
     C = min(self.chunk_size, seq_len)
     dk, dv = self.key_head_dim, self.value_head_dim
-    per_head = 4 * C * dk + C * (dk + dv) + 4 * dk * dv + 2 * C * dv + 2 * dk * dv
+    per_head = 4 * C * dk + 2 * C * C + 2 * C * (dk + dv) + 6 * dk * dv + 2 * C * dv
     return float(self.num_value_heads * per_head)
 
 
@@ -214,6 +216,40 @@ def recurrent_delta_rule(q_BxTxHxk, k_BxTxHxk, v_BxTxHxv, g_BxTxH, beta_BxTxH,
   return jnp.moveaxis(o_TxBxHxv, 0, 1), S
 
 
+@jax.custom_vjp
+def unit_lower_inverse(A_xCxC: jax.Array) -> jax.Array:
+  """(I + A)^-1 for strictly lower triangular A [..., C, C] (float32), by forward substitution
+  over the C rows, every batch entry at once: row i of the inverse is e_i - A[i, :i] X[:i].
+  Plain XLA ops (no LAPACK call: XLA:CPU runs its batched triangular solve one matrix at a
+  time, and the loop keeps nothing for the backward); its gradient is the matrix inverse's,
+  -X^T dX X^T (masked to A's strictly lower part), two matmuls."""
+  C = A_xCxC.shape[-1]
+  eye = jnp.eye(C, dtype=A_xCxC.dtype)
+
+  def row(i, X):
+    a_i = jax.lax.dynamic_index_in_dim(A_xCxC, i, axis=-2, keepdims=False)      # [..., C]
+    x_i = jax.lax.dynamic_index_in_dim(eye, i, axis=0, keepdims=False) - jnp.einsum(
+        '...j,...jc->...c', a_i, X)
+    return jax.lax.dynamic_update_index_in_dim(X, x_i, i, axis=-2)
+
+  return jax.lax.fori_loop(1, C, row, jnp.broadcast_to(eye, A_xCxC.shape))
+
+
+def _unit_lower_inverse_fwd(A_xCxC):
+  X = unit_lower_inverse(A_xCxC)
+  return X, X
+
+
+def _unit_lower_inverse_bwd(X, dX):
+  C = X.shape[-1]
+  Xt = jnp.swapaxes(X, -1, -2)
+  dA = -jnp.einsum('...ij,...jk,...kl->...il', Xt, dX, Xt)
+  return (dA * jnp.tril(jnp.ones((C, C), dX.dtype), -1),)
+
+
+unit_lower_inverse.defvjp(_unit_lower_inverse_fwd, _unit_lower_inverse_bwd)
+
+
 def chunked_delta_rule(q_BxTxHxk, k_BxTxHxk, v_BxTxHxv, g_BxTxH, beta_BxTxH,
                        state_BxHxkxv=None, segment_ids_BxT=None, chunk_size: int = 64):
   """`recurrent_delta_rule` computed chunk by chunk (module docstring): the same (o, state)."""
@@ -255,9 +291,7 @@ def chunked_delta_rule(q_BxTxHxk, k_BxTxHxk, v_BxTxHxv, g_BxTxH, beta_BxTxH,
   gamma = jnp.exp(cum) * carry_BxNx1xC
   rhs = jnp.concatenate([beta_BxNxHxC[..., None] * v,
                          (beta_BxNxHxC * gamma)[..., None] * k], axis=-1)
-  eye = jnp.eye(C, dtype=jnp.float32)
-  solved = jax.lax.linalg.triangular_solve(eye + A, rhs, left_side=True, lower=True,
-                                           unit_diagonal=True)
+  solved = jnp.einsum('bnhtj,bnhjd->bnhtd', unit_lower_inverse(A), rhs)
   w_v, w_k = solved[..., :dv], solved[..., dv:]                   # u = w_v - w_k S_0
   scores = jnp.einsum('bnhtk,bnhjk->bnhtj', q, k) * decay_CxC
   q_state = q * gamma[..., None]
