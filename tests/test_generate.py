@@ -35,6 +35,20 @@ def _after_rope(position):
   return m
 
 
+def _hybrid(variant, moe=False):
+  """A tiny hybrid (Gated DeltaNet / attention layers, partial RoPE, zero-centred norms): two
+  periods of [DeltaNet, DeltaNet, attention], chunks of 4 tokens."""
+  m = _moe_cfg(variant) if moe else ref.tiny_model_config(variant)
+  m.update(num_layers=6, layer_types=['linear_attention', 'linear_attention',
+                                      'full_attention'] * 2, rope_fraction=0.5,
+           norm_zero_centered=True, scan_layers=True)
+  m.deltanet.update(num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=6,
+                    chunk_size=4)
+  if moe:
+    m.moe.update(num_shared_experts=1, shared_expert_gate=True, renormalize=True)
+  return m
+
+
 CASES = {**{n: (lambda n=n: ref.tiny_model_config(n))
             for n in ref.variant_names() if n != 'baseline_more_experts'},
          'moe_baseline_more_experts': lambda: _moe_cfg('baseline_more_experts'),
@@ -43,12 +57,15 @@ CASES = {**{n: (lambda n=n: ref.tiny_model_config(n))
          'g4_after_qk_norm_rope': lambda: _after_rope('g4'),
          'g1_yarn_no_qk_norm': lambda: ref.tiny_model_config(
              'g1_elementwise', qk_norm=False, rope_scaling=dict(type='yarn', factor=4.0,
-                                                                original_max_len=8))}
+                                                                original_max_len=8)),
+         'hybrid_g1': lambda: _hybrid('g1_elementwise'),
+         'hybrid_moe_baseline': lambda: _hybrid('baseline', moe=True)}
 # By default: the gate at every kind of tensor (attention.py's hooks sdpa, v, q, k_rope, out:
 # heads, KV heads, QK-norm and RoPE in between, the model dimension), MoE and YaRN without
 # QK-norm; the baseline and the other variants (hooks k, q_rope, head sharing) are slow.
 DEFAULT_CASES = ('g1_elementwise', 'g2_headwise', 'g4_elementwise', 'g3_after_qk_norm_rope',
-                 'g5_elementwise', 'moe_g1_headwise', 'g1_yarn_no_qk_norm')
+                 'g5_elementwise', 'moe_g1_headwise', 'g1_yarn_no_qk_norm', 'hybrid_g1',
+                 'hybrid_moe_baseline')
 
 
 def _model(case, seed=0):
@@ -141,6 +158,52 @@ def test_ragged_greedy_batch_equals_one_prompt_at_a_time_and_no_cache(gen):
   logits = _full_logits(gen, np.array([seq]))
   np.testing.assert_array_equal(np.argmax(logits[0, len(prompts[0]) - 1:-1], -1),
                                 batch.tokens[0])
+
+
+@pytest.fixture(scope='module')
+def hybrid_gen():
+  return generate.Generator(_model('hybrid_g1'), max_len=16, chunk=4)
+
+
+def test_hybrid_cache_holds_states_per_period_position(hybrid_gen):
+  """The hybrid cache: per position of the period, stacked over the 2 periods; the DeltaNet
+  entries do not grow with max_len."""
+  kv = generate.init_cache(hybrid_gen.cfg, 3, 16)
+  assert len(kv) == 3
+  for i in (0, 1):
+    assert kv[i]['state'].shape == (2, 3, 4, 8, 6) and kv[i]['state'].dtype == jnp.float32
+    assert kv[i]['conv_q'].shape == (2, 3, 3, 2, 8) and kv[i]['conv_v'].shape == (2, 3, 3, 4, 6)
+  assert kv[2]['k'].shape == (2, 3, 16, ref.TINY_MODEL['num_kv_heads'],
+                              ref.TINY_MODEL['head_dim'])
+
+
+def test_hybrid_ragged_greedy_batch_equals_one_prompt_at_a_time_and_no_cache(hybrid_gen):
+  """A hybrid's cached greedy continuation (Gated DeltaNet conv / recurrent states and the
+  attention layers' KV cache) equals the uncached forward's; prompts of different lengths share
+  a batch, chunks of 4 tokens pad them (the padding must not enter the DeltaNet states)."""
+  gen = hybrid_gen
+  prompts = [[1, 5, 9, 2, 7, 3], [1, 4], [1, 8, 8, 8, 3]]
+  batch = gen.generate(prompts, max_new_tokens=7)
+  assert [len(t) for t in batch.tokens] == [7, 7, 7]
+  for p, got in zip(prompts, batch.tokens):
+    assert gen.generate([p], max_new_tokens=7).tokens[0] == got
+  assert gen.generate(prompts, max_new_tokens=7, use_cache=False).tokens == batch.tokens
+  seq = prompts[0] + batch.tokens[0]
+  logits = _full_logits(gen, np.array([seq]))
+  np.testing.assert_array_equal(np.argmax(logits[0, len(prompts[0]) - 1:-1], -1),
+                                batch.tokens[0])
+  assert len(set(batch.tokens[0])) > 1                 # not a constant continuation
+
+
+def test_hybrid_token_nll_equals_cross_entropy_of_the_full_forward(hybrid_gen):
+  """The long-context evaluation's scoring through the hybrid cache (chunks of 4, 4, 4, 2)."""
+  gen = hybrid_gen
+  tokens = np.asarray(jax.random.randint(jax.random.key(6), (B, 15), 0, gen.cfg.vocab_size))
+  logp = jax.nn.log_softmax(_full_logits(gen, tokens), axis=-1)
+  want = -np.take_along_axis(np.asarray(logp)[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
+  np.testing.assert_allclose(gen.token_nll(tokens), want, **TOL)
+  np.testing.assert_allclose(gen.logits(tokens[:, :11]), _full_logits(gen, tokens[:, :11]),
+                             **TOL)
 
 
 def test_stops_at_eos_per_sequence(gen):

@@ -154,6 +154,11 @@ def _header(config, topology, devices, setup, analytic) -> dict:
           'analytic_formula': '6 x active matmul params x tokens + 6 x layers x heads x '
                               'head_dim x seq_len x tokens (causal attention)'},
   }
+  if setup.model_cfg.is_hybrid:
+    out['flops']['analytic_formula'] = (
+        '6 x active matmul params x tokens + 6 x attention layers x heads x head_dim x seq_len x '
+        'tokens (causal attention) + 3 x Gated DeltaNet layers x the chunked delta rule\'s '
+        'forward FLOPs per token x tokens (deltanet.DeltaNetSpec.flops_per_token)')
   if config.mesh.get('dcn_data', 1) != 1:
     out['note'] = ('config.mesh.dcn_data > 1 (multi-slice) is not modelled: this compiles one '
                    'slice holding the whole mesh.')

@@ -38,11 +38,13 @@ def long_context_step(config, devices):
   m, B = factory.model_cfg, int(opts.batch_size)
   C = min(gen.chunk, gen.max_len)
   replicated = NamedSharding(mesh, P())
-  cache = jax.ShapeDtypeStruct((m.num_layers, B, gen.max_len, m.num_kv_heads, m.head_dim),
-                               m.compute_dtype, sharding=replicated)
+  # generate.init_cache's shapes (a hybrid's: its attention layers' KV caches and its Gated
+  # DeltaNet layers' states), replicated
+  kv = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
+                    jax.eval_shape(lambda: generate.init_cache(m, B, gen.max_len)))
   tokens = jax.ShapeDtypeStruct((B, C), jnp.int32, sharding=replicated)
   start = jax.ShapeDtypeStruct((B,), jnp.int32, sharding=replicated)
-  return gen, factory, (gen.state, tokens, tokens, start, {'k': cache, 'v': cache}), lengths
+  return gen, factory, (gen.state, tokens, tokens, start, kv), lengths
 
 
 def long_context_report(config, topology: str) -> dict:
@@ -58,7 +60,8 @@ def long_context_report(config, topology: str) -> dict:
   B, S = int(opts.batch_size), gen.max_len
   per_device = {k: v / len({getattr(d, 'core_on_chip', 0) for d in devices})
                 for k, v in CHIPS[gen_name].items()}
-  cache_bytes = 2 * math.prod(args[4]['k'].shape) * args[4]['k'].dtype.itemsize
+  import jax  # pylint: disable=g-import-not-at-top
+  cache_bytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(args[4]))
   params_bytes = aot.shard_bytes(factory.abstract_params)
   logits_bytes = 2 * B * max(lengths) * m.vocab_size * 4   # the chunks' and their concatenation
   out = {

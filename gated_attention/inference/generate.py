@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from gated_attention.errors import UserError
+from gated_attention.model import transformer
 
 
 class GenerateError(UserError, ValueError):
@@ -35,7 +36,11 @@ class GenerateError(UserError, ValueError):
 
 
 def init_cache(cfg, batch: int, max_len: int) -> dict:
-  """An empty KV cache {'k', 'v'}: [L, B, max_len, K, d] each, in the compute dtype."""
+  """An empty KV cache {'k', 'v'}: [L, B, max_len, K, d] each, in the compute dtype. A hybrid's
+  (config.model.layer_types): its attention layers' KV caches and its Gated DeltaNet layers'
+  conv and recurrent states, per position of the layer period (transformer.hybrid_cache)."""
+  if cfg.is_hybrid:
+    return transformer.hybrid_cache(cfg, batch, max_len)
   shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
   return {'k': jnp.zeros(shape, cfg.compute_dtype), 'v': jnp.zeros(shape, cfg.compute_dtype)}
 
@@ -81,8 +86,10 @@ class Generator:
     self.graphdef, self.state = nnx.split(model)
 
   @functools.partial(jax.jit, static_argnums=0)
-  def _decode(self, state, tokens_BxT, start_B, kv):
-    return nnx.merge(self.graphdef, state).decode(tokens_BxT, start_B, kv)
+  def _decode(self, state, tokens_BxT, start_B, kv, lengths_B=None):
+    """`lengths_B`: the real tokens of each sequence in this call (a padded chunk's), or None:
+    a hybrid's Gated DeltaNet layers pass the padding through (model.decode)."""
+    return nnx.merge(self.graphdef, state).decode(tokens_BxT, start_B, kv, lengths_B)
 
   @functools.partial(jax.jit, static_argnums=(0, 6, 7, 8, 9))
   def _decode_loop(self, state, first_B, pos_B, kv, key, max_new, temperature, top_p, eos_id):
@@ -104,19 +111,19 @@ class Generator:
     return out_BxN, done_B
 
   @functools.partial(jax.jit, static_argnums=0)
-  def _chunk_nll(self, state, tokens_BxC, targets_BxC, start_B, kv):
-    logits, kv = self._decode(state, tokens_BxC, start_B, kv)
+  def _chunk_nll(self, state, tokens_BxC, targets_BxC, start_B, kv, lengths_B=None):
+    logits, kv = self._decode(state, tokens_BxC, start_B, kv, lengths_B)
     return _nll(logits, targets_BxC), kv
 
   @functools.partial(jax.jit, static_argnums=0)
-  def _chunk_scores(self, state, tokens_BxC, targets_BxC, start_B, kv):
-    logits, kv = self._decode(state, tokens_BxC, start_B, kv)
+  def _chunk_scores(self, state, tokens_BxC, targets_BxC, start_B, kv, lengths_B=None):
+    logits, kv = self._decode(state, tokens_BxC, start_B, kv, lengths_B)
     return _nll(logits, targets_BxC), jnp.argmax(logits, axis=-1).astype(jnp.int32), kv
 
   def _by_chunk(self, step, tokens_BxT) -> list[np.ndarray]:
-    """`step`(state, inputs [B, C], targets [B, C], start [B], kv) -> (*outputs [B, C], kv) run
-    over whole sequences chunk by chunk through the cache; each output [B, T-1] (position t
-    scores token t+1)."""
+    """`step`(state, inputs [B, C], targets [B, C], start [B], kv, lengths [B]) -> (*outputs
+    [B, C], kv) run over whole sequences chunk by chunk through the cache; each output [B, T-1]
+    (position t scores token t+1)."""
     tokens_BxT = np.asarray(tokens_BxT, np.int32)
     B, T = tokens_BxT.shape
     self._check_len(T - 1, 0)
@@ -126,7 +133,7 @@ class Generator:
       piece = np.zeros((B, 2, min(self.chunk, self.max_len - s)), np.int32)
       piece[:, 0, :n], piece[:, 1, :n] = tokens_BxT[:, s:s + n], tokens_BxT[:, s + 1:s + 1 + n]
       *outputs, kv = step(self.state, jnp.asarray(piece[:, 0]), jnp.asarray(piece[:, 1]),
-                          jnp.full((B,), s, jnp.int32), kv)
+                          jnp.full((B,), s, jnp.int32), kv, jnp.full((B,), n, jnp.int32))
       out.append([np.asarray(o[:, :n]) for o in outputs])
     return [np.concatenate(parts, axis=1) for parts in zip(*out)]
 
@@ -147,18 +154,23 @@ class Generator:
   def _full(self, state, tokens_BxS):
     return nnx.merge(self.graphdef, state)(tokens_BxS)[0]
 
-  def _prefill(self, tokens_BxP: np.ndarray):
+  def _prefill(self, tokens_BxP: np.ndarray, lens_B: np.ndarray | None = None):
     """Writes the prompts into a fresh cache chunk by chunk; returns (logits [B, P, V], kv).
     Every chunk has `chunk` tokens (one compiled shape; the tail is padded, and its padding is
-    overwritten before it is read) except where the cache ends sooner."""
+    overwritten before it is read) except where the cache ends sooner. `lens_B`: each prompt's
+    length (right-padded to P; default P): a hybrid's Gated DeltaNet state takes each prompt's
+    own tokens only, so a sequence decodes on from its prompt's last token."""
     B, P = tokens_BxP.shape
+    lens_B = np.full((B,), P, np.int32) if lens_B is None else np.asarray(lens_B, np.int32)
     kv = init_cache(self.cfg, B, self.max_len)
     out = []
     for s in range(0, P, self.chunk):
       piece = np.zeros((B, min(self.chunk, self.max_len - s)), np.int32)
       n = min(piece.shape[1], P - s)
       piece[:, :n] = tokens_BxP[:, s:s + n]
-      logits, kv = self._decode(self.state, jnp.asarray(piece), jnp.full((B,), s, jnp.int32), kv)
+      real_B = np.clip(lens_B - s, 0, n).astype(np.int32)
+      logits, kv = self._decode(self.state, jnp.asarray(piece), jnp.full((B,), s, jnp.int32), kv,
+                                jnp.asarray(real_B))
       out.append(logits[:, :n])
     return jnp.concatenate(out, axis=1), kv
 
@@ -195,7 +207,7 @@ class Generator:
     key = jax.random.key(seed)
     eos = -1 if eos_id is None else int(eos_id)
     if use_cache:
-      logits, kv = self._prefill(tokens[:, :P])
+      logits, kv = self._prefill(tokens[:, :P], lens)
       first = sample_token(logits[np.arange(B), lens - 1], jax.random.fold_in(key, 0),
                            temperature, top_p)
       out_BxN, done = jax.device_get(self._decode_loop(
