@@ -189,6 +189,8 @@ def main_commands(text: str) -> list[list[str]]:
   import shlex  # pylint: disable=import-outside-toplevel
   out = []
   for code in _code_texts(text):
+    for name, value in re.findall(r'^([A-Z_]+)="([^"]*)"$', code, flags=re.M):
+      code = code.replace(f'${name}', value)       # SINK="--config..." then main.py ... $SINK
     for line in code.splitlines():
       for m in re.finditer(r'(?:^|[\s;&(\'"])(?:\S*python3?\s+)?main\.py((?:\s|$).*)', line):
         rest = m.group(1)
@@ -264,6 +266,8 @@ def command_problems(args: list[str]) -> list[str]:
         parsed = value
       if isinstance(default, str):
         parsed = value
+      elif isinstance(default, bool) and value.lower() in ('true', 'false', '1', '0'):
+        parsed = value.lower() in ('true', '1')          # absl's boolean parser
       field = name[len('config.'):]
       errors = schema.type_errors({'v': parsed}, {'v': default})
       if errors and not (field in schema.AUTO_FIELDS and schema.is_auto(parsed)):
@@ -418,3 +422,11 @@ def test_the_slice_check_sees_a_recipe_that_does_not_fit():
       'compiles for v5p:4x4x4 (64 chips), rents 4',
       'g1_elementwise:dense_1p7b_28l on 4 chips at grad_accum=1: the table says 8',
       'baseline:moe_15a2b on 4 chips: the table\'s smallest is 8']
+
+
+def test_the_architecture_page_lists_every_guide():
+  """docs/architecture.md's map names every page of docs/ (a merge dropped mixtures.md once)."""
+  with open(os.path.join(ROOT, 'docs', 'architecture.md')) as f:
+    listing = f.read().split('`docs/` (the guides:')[1].split(')')[0]
+  named = set(re.findall(r'`([\w.]+\.md)`', listing)) | {'architecture.md'}
+  assert named == {os.path.basename(p) for p in PAGES[1:]}
