@@ -2,8 +2,9 @@
 
   python tests/sharding_worker.py OUT.json CASE [CASE ...]
 
-CASE is `<dense|moe|moegmm>:<rules>` (e.g. moe:fsdp_expert; moegmm: the MoE through the megablox
-grouped matmuls, in the Pallas interpreter) or `restore`. XLA_FLAGS must be set before
+CASE is `<dense|moe|moegmm|hybrid>:<rules>` (e.g. moe:fsdp_expert; moegmm: the MoE through the
+megablox grouped matmuls, in the Pallas interpreter; hybrid: a Qwen3-Next-like MoE hybrid, Gated
+DeltaNet and attention layers, a gated shared expert) or `restore`. XLA_FLAGS must be set before
 jax is imported, which is why this is a separate process. Every case's results (losses, gradient
 errors against the single-device reference, the shardings that parameters, gradients and
 optimizer state really have, restored parameters) go to OUT.json; the test asserts on them.
@@ -38,13 +39,19 @@ B, T, V = 8, 16, 128
 
 
 def config(kind: str, rules: str = 'data_parallel', mesh=None):
-  c = scales.get_config('moe_tiny' if kind in ('moe', 'moegmm') else 'tiny')
+  c = scales.get_config('moe_tiny' if kind in ('moe', 'moegmm', 'hybrid') else 'tiny')
   c.variant = 'g1_elementwise'
   c.model.gate.position = 'g1'  # a gate kernel [embed, heads, head_dim] to shard as well
   c.model.update(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                  vocab_size=V)
-  if kind in ('moe', 'moegmm'):
+  if kind in ('moe', 'moegmm', 'hybrid'):
     c.model.moe.update(num_experts=8, top_k=2, expert_ffn_size=32)
+  if kind == 'hybrid':   # two periods of [DeltaNet, attention]; 2 key / 4 value heads of 16
+    c.model.update(num_layers=4, layer_types=['linear_attention', 'full_attention'] * 2,
+                   rope_fraction=0.25, norm_zero_centered=True, scan_layers=True)
+    c.model.deltanet.update(num_key_heads=2, num_value_heads=4, key_head_dim=16,
+                            value_head_dim=16, chunk_size=8)
+    c.model.moe.update(num_shared_experts=1, shared_expert_gate=True, renormalize=True)
   if kind == 'moegmm':  # megablox kernels (Pallas interpreter); references use ragged_dot
     c.model.moe.grouped_matmul = 'megablox_interpret'
   else:
@@ -182,7 +189,7 @@ def main():
       results[case] = restore_case()
     else:
       kind, rules = case.split(':')
-      ref_kind = 'moe' if kind == 'moegmm' else kind
+      ref_kind = 'moe' if kind == 'moegmm' else kind   # hybrid: its own reference
       if ref_kind not in refs:
         params[ref_kind] = init_params(ref_kind)
         refs[ref_kind] = reference(ref_kind, params[ref_kind])

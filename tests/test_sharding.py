@@ -27,6 +27,9 @@ PRESETS = ('data_parallel', 'fsdp', 'fsdp_tensor', 'fsdp_expert')
 CASES = [f'{kind}:{rules}' for kind in ('dense', 'moe') for rules in PRESETS]
 # The MoE through the megablox grouped matmuls (Pallas interpreter) against the ragged_dot reference.
 GMM_CASES = [f'moegmm:{rules}' for rules in PRESETS]
+# A Qwen3-Next-like hybrid (Gated DeltaNet + attention, MoE with a gated shared expert): heads
+# over tensor, experts over expert.
+HYBRID_CASES = ['hybrid:fsdp_tensor', 'hybrid:fsdp_expert']
 
 
 def _mesh_cfg(**sizes):
@@ -319,13 +322,14 @@ def eight_devices(tmp_path_factory):
   out = tmp_path_factory.mktemp('sharding') / 'results.json'
   env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
   proc = subprocess.run([sys.executable, os.path.join(REPO, 'tests', 'sharding_worker.py'),
-                         str(out), *CASES, *GMM_CASES, 'restore'], cwd=REPO, env=env, capture_output=True,
+                         str(out), *CASES, *GMM_CASES, *HYBRID_CASES, 'restore'], cwd=REPO, env=env,
+                        capture_output=True,
                         text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-5000:]
   return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize('case', CASES + GMM_CASES)
+@pytest.mark.parametrize('case', CASES + GMM_CASES + HYBRID_CASES)
 def test_loss_and_gradients_match_one_device(eight_devices, case):
   r = eight_devices[case]
   assert r['loss'] == pytest.approx(r['ref_loss'], rel=1e-5)
@@ -385,6 +389,37 @@ def test_parameters_gradients_and_batches_are_really_split(eight_devices, case):
   # The optimizer state's moments are sharded like the parameters.
   mu = [v for k, v in r['opt_specs'].items() if k.endswith('blocks/ffn/wi_gate') and 'mu' in k]
   assert mu == [expected['blocks/ffn/wi_gate'][0]]
+
+
+# The hybrid's layers (blocks/layer_<i>, stacked over 2 periods): {param: (spec, local shape)}.
+EXPECTED_HYBRID = {
+    'fsdp_tensor': {  # mesh data 2, fsdp 2, tensor 2: DeltaNet key / value heads over tensor
+        'blocks/layer_0/linear_attn/wq': ("P(None, 'fsdp', 'tensor', None)", [2, 32, 1, 16]),
+        'blocks/layer_0/linear_attn/wv': ("P(None, 'fsdp', 'tensor', None)", [2, 32, 2, 16]),
+        'blocks/layer_0/linear_attn/conv_v': ("P(None, None, 'tensor', None)", [2, 4, 2, 16]),
+        'blocks/layer_0/linear_attn/A_log': ("P(None, 'tensor')", [2, 2]),
+        'blocks/layer_0/linear_attn/wo': ("P(None, 'tensor', None, 'fsdp')", [2, 2, 16, 32]),
+        'blocks/layer_1/attn/wq': ("P(None, 'fsdp', 'tensor', None)", [2, 32, 2, 16]),
+        'blocks/layer_0/ffn/wi_gate': ("P(None, None, 'fsdp', 'tensor')", [2, 8, 32, 16]),
+    },
+    'fsdp_expert': {  # mesh fsdp 2, expert 4: experts over expert
+        'blocks/layer_0/ffn/wi_gate': ("P(None, 'expert', 'fsdp', None)", [2, 2, 32, 32]),
+        'blocks/layer_1/ffn/wo': ("P(None, 'expert', None, 'fsdp')", [2, 2, 32, 32]),
+        'blocks/layer_0/ffn/shared_gate': ("P(None, ('fsdp', 'expert'))", [2, 8]),
+        'blocks/layer_0/linear_attn/wv': ("P(None, ('fsdp', 'expert'), None, None)",
+                                          [2, 8, 4, 16]),
+    },
+}
+
+
+@pytest.mark.parametrize('case', HYBRID_CASES)
+def test_hybrid_heads_and_experts_are_split(eight_devices, case):
+  """The hybrid shards over the same mesh axes: Gated DeltaNet heads over tensor, experts over
+  expert (its gradients the same way), and its loss and gradients equal one device's (above)."""
+  r = eight_devices[case]
+  for key, (spec, local) in EXPECTED_HYBRID[case.split(':')[1]].items():
+    assert _shard(r['params'], key)[0::2] == (spec, local), key
+    assert _shard(r['grads'], key)[0] == spec, key
 
 
 def test_checkpoint_restores_onto_a_different_mesh(eight_devices):

@@ -65,7 +65,12 @@ def _saved(config, model_cfg, num_layers: int, remat: str, batch: int) -> list:
   from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
   from gated_attention.training import train  # pylint: disable=g-import-not-at-top
 
-  model_cfg = dataclasses.replace(model_cfg, num_layers=num_layers, remat=remat)
+  if model_cfg.is_hybrid:   # `num_layers` counts stacked units: periods of the layer pattern
+    period = model_cfg.layer_period
+    model_cfg = dataclasses.replace(model_cfg, num_layers=num_layers * len(period),
+                                    layer_types=period * num_layers, remat=remat)
+  else:
+    model_cfg = dataclasses.replace(model_cfg, num_layers=num_layers, remat=remat)
   graphdef, state = nnx.split(model_lib.abstract_model(model_cfg))
   params = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), nnx.to_pure_dict(state))
   T = config.data.seq_len
@@ -106,10 +111,14 @@ def _residual_bytes(config, model_cfg, num_layers, remat, credit) -> tuple[float
 
 class _Activations:
   """Saved residuals and the recompute peak as exact bilinear functions of the per-device
-  micro-batch and the layer count (traced at 1 and 2 of each: the layers are a scan)."""
+  micro-batch and the layer count (traced at 1 and 2 of each: the layers are a scan). A hybrid's
+  scan runs over periods of its layer pattern (transformer.LayerPeriod): it is traced at 1 and 2
+  periods, and 'saved_per_layer' and 'recompute_one_layer' are one period's."""
 
   def __init__(self, config, model_cfg, remat: str, credit):
-    self.remat, L = remat, model_cfg.num_layers
+    self.remat = remat
+    L = (model_cfg.num_layers // len(model_cfg.layer_period) if model_cfg.is_hybrid
+         else model_cfg.num_layers)
     f1, s1, _ = _residual_bytes(config, model_cfg, 1, remat, credit)
     f2, s2, self.largest = _residual_bytes(config, model_cfg, 2, remat, credit)
     self.fixed = f1 + (L - 1) * (f2 - f1)
@@ -144,8 +153,10 @@ def _credit_fn(config, mesh_shape: dict, rules: dict):
   weight copy is split like the parameters ('embed' axes)."""
   m = config.model
   tensor_dims = []
+  deltanet = (('heads', m.deltanet.num_value_heads), ('kv_heads', m.deltanet.num_key_heads)
+              ) if 'linear_attention' in tuple(m.get('layer_types', ())) else ()
   for name, size in (('heads', m.num_heads), ('kv_heads', m.num_kv_heads), ('mlp', m.ffn_size),
-                     ('expert_mlp', m.moe.expert_ffn_size), ('vocab', m.vocab_size)):
+                     ('expert_mlp', m.moe.expert_ffn_size), ('vocab', m.vocab_size)) + deltanet:
     n = math.prod(mesh_shape[a] for a in sharding.mesh_axes_of(name, rules))
     if n > 1 and size and size % n == 0:
       tensor_dims.append((size, n))
@@ -367,7 +378,9 @@ def long_context_report(config) -> dict:
     params          the run's float32 parameters, sharded by config.mesh as the evaluation loads
                     them (runs/factory.py)
     kv_cache        [layers, batch, cache length, kv heads, head_dim] x 2 (keys, values) in the
-                    compute dtype, on EVERY device (the evaluation's jit replicates it), and twice:
+                    compute dtype (a hybrid: its attention layers'; its Gated DeltaNet layers add
+                    their conv and recurrent states, which do not grow with the length),
+                    on EVERY device (the evaluation's jit replicates it), and twice:
                     the scoring step takes the cache and returns a new one (not donated)
     chunk           one layer's attention of a chunk against the whole cache: float32 scores and
                     probabilities and the probabilities in the compute dtype [batch, heads, chunk,
@@ -391,7 +404,13 @@ def long_context_report(config) -> dict:
   m = factory.model_cfg
   item = jnp.dtype(m.compute_dtype).itemsize
   params = _sharded_bytes(factory.abstract_params)
-  cache = 2 * m.num_layers * B * S * m.num_kv_heads * m.head_dim * item
+  cache = 2 * m.num_attention_layers * B * S * m.num_kv_heads * m.head_dim * item
+  if m.is_hybrid:   # a Gated DeltaNet layer's conv and float32 recurrent states (deltanet.py)
+    dn = m.deltanet
+    cache += (m.num_layers - m.num_attention_layers) * B * (
+        dn.num_value_heads * dn.key_head_dim * dn.value_head_dim * 4
+        + (dn.conv_kernel - 1) * (2 * dn.num_key_heads * dn.key_head_dim
+                                  + dn.num_value_heads * dn.value_head_dim) * item)
   scores = B * m.num_heads * C * S * (4 + 4 + item)
   logits = 2 * B * C * m.vocab_size * 4
   layer_whole, gathered = _layer_gathered(factory, dict(mesh.shape))
