@@ -288,6 +288,27 @@ def test_memory_report_in_process_small_config_and_mesh():
   assert r['activations']['configured']['peak']['bytes'] > 0
 
 
+def test_memory_report_of_a_hybrid_counts_its_layer_periods():
+  """--mode=memory of a hybrid traces its scan's unit, a period of the layer pattern (3 DeltaNet
+  layers, 1 attention layer): two periods save twice one period's activations, and the
+  parameters are counted exactly."""
+  reports = {}
+  for layers in (4, 8):
+    c = scales.get_config('hybrid_tiny')
+    c.model.update(num_layers=layers, layer_types=scales.HYBRID_PERIOD * (layers // 4))
+    c.memory.num_devices = 1
+    reports[layers] = memory.report(c)
+  one, two = (reports[n]['activations']['configured'] for n in (4, 8))
+  assert one['saved_per_layer'] == two['saved_per_layer']
+  assert two['saved']['bytes'] == one['saved']['bytes'] + one['saved_per_layer']['bytes']
+  assert one['saved_per_layer']['bytes'] > 0
+  for n, r in reports.items():
+    c = scales.get_config('hybrid_tiny')
+    c.model.update(num_layers=n, layer_types=scales.HYBRID_PERIOD * (n // 4))
+    assert r['per_device']['params']['bytes'] == 4 * model_lib.param_report(
+        model_config(c.model))['total']
+
+
 # ----------------------------------------------------------------------------------------------
 # cluster: process start-up.
 
