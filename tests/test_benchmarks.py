@@ -174,3 +174,17 @@ def test_attention_benchmark_pytorch_sdpa_gradients_equal_the_chunked_core():
   assert [g.shape for g in torch_grads] == [x.shape for x in qkv]
   assert bench.max_difference(jax_grads, torch_grads) < 1e-4
   assert max(float(np.max(np.abs(g))) for g in torch_grads) > 1e-2   # not trivially equal
+
+
+def test_hybrid_benchmark_compares_the_same_shape_with_and_without_deltanet():
+  """benchmarks/hybrid.py: the hybrid and the all-attention model differ only in the layer
+  pattern (same width, depth, gate, FFNs, batch and length)."""
+  from gated_attention.config import schema  # pylint: disable=g-import-not-at-top
+  hybrid = _load('hybrid')
+  c = hybrid.configs('g1_elementwise', 4096, 1, 64)
+  h, a = (c[k].to_dict() for k in ('hybrid', 'attention'))
+  assert list(h['model'].pop('layer_types')) == ['linear_attention'] * 3 + ['full_attention']
+  assert tuple(a['model'].pop('layer_types')) == ()
+  assert h == a and h['data']['seq_len'] == 4096 and h['model']['gate']['position'] == 'g1'
+  for config in c.values():
+    schema.check(config)
