@@ -91,7 +91,9 @@ def _flatten(d, prefix=''):
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
-  """Fields that make a saved run incompatible with the current config."""
+  """Fields that make a saved run incompatible with the current config (compared as JSON holds
+  them: a tuple read back from config.json, model.layer_types, equals the list it was saved as)."""
+  saved, current = json.loads(json.dumps(saved)), json.loads(json.dumps(current))
   diffs = []
   def fixed(model):
     return {k: v for k, v in _flatten(model).items() if k.split('.')[0] not in MODEL_FREE}
