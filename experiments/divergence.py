@@ -9,11 +9,12 @@ ratio of that rate to the baseline's (stats.half_ratio): an interval above 1 say
 higher rates. Where a variant's failures are separated by the grid (none below some rate, all
 above it) the rate is bracketed, not fitted, and the ratio gets bounds.
 Massive activations: each run's M-Act (the largest layer's max |h|) at every evaluation of the
-training loop; for the runs that failed, the first evaluation after warm-up whose validation loss
-is above the cutoff (the onset; a halted run's halt step), and whether their M-Act peaked by
-then; at the rates where some seeds failed and some trained, the chance that a failing run's
-M-Act at the end of the warm-up is above a training run's (pairs at the same rate; 0.5: M-Act
-does not foretell the failure).
+training loop; for the runs that failed, the onset of the divergence: the first evaluation after
+warm-up whose validation loss rose RISE nats above the lowest before it (a halted run's halt step;
+none for a run that failed without such a rise: it learnt too slowly rather than diverged), and
+whether their M-Act peaked by then; at the rates where some seeds failed and some trained, the
+chance that a failing run's M-Act at the end of the warm-up is above a training run's (pairs at
+the same rate; 0.5: M-Act does not foretell the failure).
 """
 
 import math
@@ -21,6 +22,7 @@ import math
 from experiments import figures, rundata, stability, stats
 
 FIGURE = 'divergence.png'
+RISE = 0.2   # nats above the lowest validation loss so far: a divergence's onset
 
 
 def _series(res, key) -> dict:
@@ -71,11 +73,12 @@ def fits(experiment, results, above: float) -> dict:
 
 def m_act_course(experiment, results, above: float) -> dict:
   """Per variant (and point): each finished run's `m_act` course (step -> value), whether it
-  `failed` at `above`, its `onset`, `peak_step`, the M-Act at the end of the warm-up
-  (`at_warmup`: the last evaluation at or before it), then `auc` (the chance, over the pairs of a
-  failing and a training run at one rate, that the failing one's at_warmup is the larger; ties
-  count half; None without such a pair, with `pairs`) and `peaked_by_onset` (failed runs whose
-  M-Act peaked at or before their onset, of those with an onset)."""
+  `failed` at `above`, its `onset` (None for a failed run without a rise), `peak_step`, the M-Act
+  at the end of the warm-up (`at_warmup`: the last evaluation at or before it), then `auc` (the
+  chance, over the pairs of a failing and a training run at one rate, that the failing one's
+  at_warmup is the larger; ties count half; None without such a pair, with `pairs`) and
+  `peaked_by_onset` (failed runs whose M-Act peaked at or before their onset, of those with an
+  onset)."""
   out = {}
   for group, rs in rundata.by_group(experiment, results).items():
     for r in rs:
@@ -88,7 +91,8 @@ def m_act_course(experiment, results, above: float) -> dict:
       if failed:
         halt = [x['step'] for x in r.rows if x.get('split') == 'failure']
         onset = halt[0] if halt else next(
-            (s for s in sorted(loss) if s > warm and loss[s] > above), None)
+            (s for s in sorted(loss) if s > warm and any(t < s for t in loss)
+             and loss[s] > min(v for t, v in loss.items() if t < s) + RISE), None)
       early = [s for s in m_act if s <= warm]
       key = r.run.variant + stability.without_learning_rate(r.run, group[len(r.run.variant):])
       out.setdefault(key, {'runs': []})['runs'].append({
@@ -152,16 +156,17 @@ def table(experiment, results) -> str:
     lines.append('')
   above = experiment.diverged_above
   lines += [f'Massive activations through training (cutoff {above:g}): the failing runs\' onsets '
-            '(the first evaluation after warm-up above the cutoff, or the halt), how many of them '
+            f'(the first evaluation after warm-up {RISE:g} nats above the lowest before it, or the '
+            'halt; a failed run without one learnt too slowly rather than diverged), how many '
             'had their largest M-Act by then, and at the rates where some seeds failed and some '
             'trained, the chance that a failing run\'s M-Act at the end of the warm-up is above a '
             'training run\'s (0.5: no foretelling):', '',
-            '| variant | failed runs | onsets (step) | M-Act peaked by onset | '
+            '| variant | failed runs | onsets (step; of the failed runs) | M-Act peaked by onset | '
             'P(failing run\'s warm-up M-Act higher) (pairs) |', '|---|---|---|---|---|']
   for key, e in m_act_course(experiment, results, above).items():
     failed = sum(x['failed'] for x in e['runs'])
     k, n = e['peaked_by_onset']
-    onsets = ', '.join(str(s) for s in e['onsets']) or '-'
+    onsets = (', '.join(str(s) for s in e['onsets']) or 'none') + f' ({len(e["onsets"])}/{failed})'
     auc = '-' if e['auc'] is None else f'{e["auc"]:.2f} ({e["pairs"]})'
     lines.append(f'| {key} | {failed}/{len(e["runs"])} | {onsets} | {k}/{n} | {auc} |')
   return '\n'.join(lines)

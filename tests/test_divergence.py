@@ -69,7 +69,14 @@ def test_fits_ratio_mact_and_the_two_cutoffs(tmp_path):
   text = divergence.table(exp, results)
   assert 'Failed at cutoff 1' in text and 'Failed at cutoff 2.5' in text
   assert '| baseline | 0.1: 0/8, 0.2: 2/8, 0.4: 5/8, 0.8: 8/8, 1.6: 8/8 |' in text
-  assert '| baseline | 23/40 | ' in text and '| 23/23 | 1.00 (27) |' in text
+  assert '| baseline | 23/40 | 6, 6, ' in text and ' (23/23) | 23/23 | 1.00 (27) |' in text
+  slow = _results(exp, fails)           # a failed run whose loss never rose: no onset
+  for r in slow:
+    for row in r.rows:
+      if row.get('split') == 'val' and r.report['loss'] > 1.0:
+        row['loss'] = 1.5
+  course = divergence.m_act_course(exp, slow, 1.0)['baseline']
+  assert course['onsets'] == [] and course['peaked_by_onset'] == (0, 0)
   assert divergence.figure(exp, results).axes
 
 
