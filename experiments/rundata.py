@@ -207,6 +207,9 @@ METRICS = {
 }
 
 
+SIZE_COLUMNS = {'params', 'train_tokens', 'train_flops'}   # read off the run's saved config
+
+
 def read_runner(workdir: str) -> dict:
   """The run's runner.json ({} when there is none)."""
   path = storage.join(workdir, RUNNER_FILE)
@@ -234,7 +237,7 @@ def read(run, workdir: str, experiment=None) -> Result:
       evaluated = extended_dir(workdir) if experiment.extend else workdir
       long_context = {label: read_long_context(evaluated, label)
                       for label in experiment.long_context}
-    if experiment is not None and experiment.scaling:
+    if experiment is not None and (experiment.scaling or set(experiment.columns) & SIZE_COLUMNS):
       size = scaling.run_size(runs_lib.read_config(workdir))
   return Result(run, runner, report, runs_lib.read_metrics(workdir), long_context, size)
 
