@@ -17,7 +17,7 @@ from ml_collections import config_flags
 
 import gated_attention
 from gated_attention import modes
-from gated_attention.config import schema
+from gated_attention.config import scales, schema
 from gated_attention.runs import rundir
 from gated_attention.errors import UserError
 
@@ -327,8 +327,7 @@ EXAMPLES = (
 COMMON_FLAGS = (
     ('--mode=MODE', 'what to do (above; default train)'),
     ('--config=FILE[:SCALE]', f'a variant file and its scale (default {DEFAULT_CONFIG}:tiny); '
-     'the variants are configs/*.py, the scales tiny, moe_tiny, dense_90m, dense_1p7b_28l, '
-     'dense_1p7b_48l, moe_15a2b'),
+     f'the variants are configs/*.py, the scales {", ".join(scales.SCALES)}'),
     ('--config.SECTION.FIELD=V', 'override any field of the config (gated_attention/config/'
      'schema.py lists them; --mode=config prints the result)'),
     ('--workdir=DIR', 'the run directory, local or gs:// (train, analyze, export, sample, '

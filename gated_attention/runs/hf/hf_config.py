@@ -185,7 +185,9 @@ def matching_scale(dims: Dims) -> str | None:
 def _scale_of(arch: dict) -> str | None:
   for scale in scales.SCALES:
     m = scales.model_config(scale)
-    if not m.moe.num_experts and all(arch[f] == m[f] for f in _SCALE_FIELDS.values()):
+    hybrid = 'linear_attention' in tuple(m.get('layer_types') or ())   # Qwen3 has none
+    if not m.moe.num_experts and not hybrid and all(arch[f] == m[f]
+                                                     for f in _SCALE_FIELDS.values()):
       return scale
   return None
 
