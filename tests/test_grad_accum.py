@@ -193,3 +193,41 @@ def test_other_modes_refuse_or_walk_auto():
   cfg.train.grad_accum = 'auto'
   with pytest.raises(Exception, match="grad_accum='auto' is chosen by --mode=train of one run"):
     train_lib.Setup(cfg, _mesh(cfg))
+
+
+@pytest.mark.slow
+def test_main_py_chooses_on_eight_devices(tmp_path):
+  """`main.py --config.train.grad_accum=auto` on 8 (fake CPU) devices with FSDP: the walk's
+  attempts on the real mesh, its one line, the choice in the run; and the paragraph when nothing
+  fits, with nothing of the run written."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+             JAX_PLATFORMS='cpu')
+  common = ['--config.train.grad_accum=auto', '--config.mesh.data=2', '--config.mesh.fsdp=4',
+            '--config.mesh.rules=fsdp', '--config.train.batch_size=32', '--config.data.seq_len=32',
+            '--config.model.num_layers=2', '--config.train.steps=2', '--config.train.log_every=1',
+            '--config.train.eval_every=2', '--config.data.val_batches=1']
+  nothing = str(tmp_path / 'nothing')
+  out = subprocess.run([sys.executable, 'main.py', f'--workdir={nothing}', *common,
+                        '--config.memory.device_memory_gib=1e-6'], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=900)
+  text = ' '.join((out.stdout + out.stderr).split())
+  assert out.returncode == 1 and 'Traceback' not in text, text
+  assert ('--config.train.grad_accum=auto: No grad_accum fits on 8 x cpu (global batch 32, '
+          'sequence 32, 8 data-parallel shards): tried 1, 2, 4') in text, text
+  assert not os.path.exists(os.path.join(nothing, rundir.CONFIG_FILE))
+  run = str(tmp_path / 'run')
+  out = subprocess.run([sys.executable, 'main.py', f'--workdir={run}', *common,
+                        '--config.memory.device_memory_gib=100'], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=900)
+  text = ' '.join((out.stdout + out.stderr).split())
+  assert out.returncode == 0, text
+  assert ('grad_accum=auto: 1 (4 sequence(s) per device per micro-batch) on 8 x cpu (global '
+          'batch 32, sequence 32, 8 data-parallel shards), the smallest whose compiled step fits '
+          'config.memory.device_memory_gib (1: ') in text, text
+  record = rundir.read_grad_accum(run)
+  assert record['devices'] == {'platform': 'cpu', 'kind': 'cpu', 'count': 8}
+  with open(os.path.join(run, rundir.CONFIG_FILE)) as f:
+    assert json.load(f)['train']['grad_accum'] == 1
