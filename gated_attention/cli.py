@@ -138,6 +138,8 @@ def main(argv):
   from gated_attention import console  # pylint: disable=g-import-not-at-top
   from gated_attention import storage  # pylint: disable=g-import-not-at-top
   storage.waits.own_process()      # a stalled storage may end this process (storage/waits.py)
+  from gated_attention.training import interrupt  # pylint: disable=g-import-not-at-top
+  interrupt.own_process()          # a run's signal handlers stay until the process exits
   try:
     with console.without_event_loop_noise():
       dispatch(_args(argv[1:]), keep_logs_on_console=FLAGS['verbosity'].present)
@@ -278,6 +280,10 @@ def dispatch(args: modes.Args, *, keep_logs_on_console: bool = False):
     if mode.distributed:   # a lost process: its paragraph (cluster/liveness.py), not this error
       cluster.await_verdict(e)
     raise
+  finally:
+    if mode.distributed:   # the exit (jax.distributed's shutdown) is bounded too (issue 57)
+      from gated_attention.training import interrupt  # pylint: disable=g-import-not-at-top
+      interrupt.bound_exit(args.config.train.get('stop_timeout', interrupt.DEFAULT_STOP_TIMEOUT))
   if mode.distributed:
     cluster.finish()   # a multi-process run: the others stop watching this one's heartbeat
 

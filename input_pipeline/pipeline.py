@@ -119,6 +119,7 @@ class Data:
     self._cfg, self._docs, self._train_ids, self._val_ids = cfg, docs, train_ids, val_ids
     self._global_batch_size, self._process = global_batch_size, (process_index, process_count)
     self._val, self._description, self.mixture = None, None, mixture
+    self.on_val_batch = None    # called after each validation batch is read (training/loop.py)
 
   def set_process(self, process_index: int, process_count: int):
     """Whose rows of the validation batches val_batches() returns."""
@@ -153,6 +154,8 @@ class Data:
       for v in batch.values():
         v.setflags(write=False)
       out.append(batch)
+      if self.on_val_batch is not None:   # the training loop's bound on a stalled read
+        self.on_val_batch()
     return out
 
   def _val_windows(self) -> grain.IterDataset:

@@ -44,7 +44,7 @@ def free_port() -> int:
 # a closed loopback port instead, and give tensorstore its anonymous token for the emulator.
 OFFLINE = {
     'GOOGLE_AUTH_TOKEN_FOR_TESTING': 'anonymous',   # tensorstore: no credential lookup at all
-    'NO_GCE_CHECK': 'True',                         # google-auth: do not probe for GCE
+    'NO_GCE_CHECK': 'true',     # google-auth: do not probe for GCE (it compares with 'true')
     'GCE_METADATA_HOST': '127.0.0.1:9', 'GCE_METADATA_IP': '127.0.0.1:9',   # google-auth
     'GCE_METADATA_ROOT': '127.0.0.1:9',             # tensorstore
 }

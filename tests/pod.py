@@ -49,6 +49,9 @@ class Pod:
   steps: int
   logs_dir: str          # where each launch's output goes (launch<k>_p<i>.txt)
   extra: dict = dataclasses.field(default_factory=dict)
+  # {process: 'MODULE:QUALNAME'}: that process holds at the function's first call until `go(i)`
+  # (tests/stall_point.py), so an event can be sent at that very point.
+  hold: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     self.procs, self.logs, self.event_time = [], [], None
@@ -62,8 +65,22 @@ class Pod:
                         'distributed.process_id': i,
                         'distributed.heartbeat_timeout': HEARTBEAT,
                         'distributed.initialization_timeout': 120})
-    return ([sys.executable, 'main.py', '--config=configs/g1_elementwise.py',
-             f'--workdir={self.workdir}'] + [f'--config.{k}={v}' for k, v in overrides.items()])
+    held = ([sys.executable, '-m', 'tests.stall_point', self.hold[i], self._go_file(i)]
+            if i in self.hold else [sys.executable])
+    return (held + ['main.py', '--config=configs/g1_elementwise.py',
+                    f'--workdir={self.workdir}'] +
+            [f'--config.{k}={v}' for k, v in overrides.items()])
+
+  def _go_file(self, i: int) -> str:
+    return os.path.join(self.logs_dir, f'go_p{i}')
+
+  def held(self, i: int) -> bool:
+    """Whether process i has reached its hold point (and waits there)."""
+    return 'stall point:' in self.text(i)
+
+  def go(self, i: int):
+    """Process i goes on from its hold point."""
+    open(self._go_file(i), 'w').close()  # pylint: disable=consider-using-with
 
   def start(self):
     """Starts every process of the pod (a launch: logs launch<k>_p<i>.txt in logs_dir)."""
@@ -75,6 +92,9 @@ class Pod:
                XLA_FLAGS=f'--xla_force_host_platform_device_count={self.devices}')
     launch = next(_LAUNCHES)
     self.procs, self.logs, self.event_time = [], [], None
+    for i in self.hold:
+      if os.path.exists(self._go_file(i)):
+        os.remove(self._go_file(i))
     for i in range(self.processes):
       path = os.path.join(self.logs_dir, f'launch{launch}_p{i}.txt')
       log = open(path, 'w+')  # pylint: disable=consider-using-with

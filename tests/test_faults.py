@@ -1365,3 +1365,93 @@ def test_analyze_and_export_fall_back_from_a_bad_latest_checkpoint(reference, tm
   out = capsys.readouterr().out
   assert out.count('Warning: checkpoint 30 in') == 2 and 'checksum mismatch' in out, out
   assert _files(ckpts) == before
+
+
+# A reader of a run that is training (issue 57) ---------------------------------------------------
+
+def _tiny(n):
+  rng = np.random.default_rng(n)
+  return {'w': rng.standard_normal((64, 32)).astype(np.float32), 'b': np.full(4, float(n))}
+
+
+def test_a_reader_goes_on_past_the_checkpoint_a_trainer_removes_under_it(tmp_path, monkeypatch,
+                                                                         capsys):
+  """The trainer's rotation, simulated at the worst moment: as the reader starts reading the
+  newest checkpoint (2), the trainer saves 3 and removes 2. Before: 2 failed ("... is the saved
+  config.json the one it was trained with?"), 1 was "empty or partial", and the reader gave up
+  with "No usable checkpoint". Now: one note that 2 was removed while it was read, and the
+  newest (3) read and verified; a step asked for by number that goes the same way says so."""
+  workdir = str(tmp_path / 'run')
+  trainer = ckpt_lib.Checkpointer(workdir, every=1, keep=2)
+  for step in (1, 2):
+    trainer.save_params(step, _tiny(step))
+  trainer.wait()
+  reader = ckpt_lib.Checkpointer(workdir, read_only=True)
+  read = ckpt_lib.Checkpointer._read_params
+  rotated = []
+
+  def rotating(self, step, abstract):
+    if not rotated:                       # the trainer, while this read begins
+      rotated.append(step)
+      trainer.save_params(step + 1, _tiny(step + 1))
+      trainer.wait()
+      shutil.rmtree(os.path.join(workdir, 'checkpoints', str(step)))
+    return read(self, step, abstract)
+  monkeypatch.setattr(ckpt_lib.Checkpointer, '_read_params', rotating)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _tiny(0))
+  step, params = reader.restore_latest_params(abstract)
+  out = capsys.readouterr().out
+  assert rotated == [2] and step == 3, (rotated, step, out)
+  assert_bitwise(jax.device_get(params), _tiny(3))
+  assert 'Note: checkpoint 2 was removed while it was read: the run is training' in out, out
+  assert 'Warning' not in out and 'config.json' not in out, out
+  rotated.clear()                          # by number: 3 goes while it is read
+  with pytest.raises(runs_lib.CheckpointError, match=r'Checkpoint 3 in .* was removed while it '
+                     r'was read: the run is training .*The checkpoints there now: \[1, 4\]'):
+    reader.restore_params(3, abstract)
+  reader.close()
+  trainer.close()
+
+
+@pytest.mark.slow   # a real trainer and reads of it (~30 s)
+def test_a_reader_of_a_run_that_is_training(env, reference, tmp_path, monkeypatch, capsys):
+  """Issue 57's case for real: main.py trains with a checkpoint every 2 steps, 2 kept; the
+  notebook's loader (load_run: analyze, sample, export, long_context read the same way) reads
+  it, its first read held 1 s before it starts, so the trainer rotates that checkpoint away
+  under it. Each read ends with the newest checkpoint's verified parameters, a note where one
+  was removed mid-read, never a warning that blames the files or the config."""
+  del reference   # the compilation cache
+  workdir = str(tmp_path / 'run')
+  cmd = main_cmd(workdir, **{'train.steps': 100000, 'train.checkpoint_every': 2,
+                             'train.keep_checkpoints': 2, 'train.log_every': 50,
+                             'train.eval_every': 100000})
+  with open(tmp_path / 'out', 'w') as out:
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+  try:
+    deadline = time.time() + 300
+    while len(steps_of(workdir) if os.path.isdir(os.path.join(workdir, 'checkpoints'))
+               else []) < 2:
+      assert proc.poll() is None and time.time() < deadline, (tmp_path / 'out').read_text()
+      time.sleep(0.1)
+    read = ckpt_lib.Checkpointer._read_params
+    held = []
+
+    def slow_first(self, step, abstract):
+      if not held:
+        held.append(step)
+        time.sleep(1.0)
+      return read(self, step, abstract)
+    monkeypatch.setattr(ckpt_lib.Checkpointer, '_read_params', slow_first)
+    steps = []
+    for _ in range(5):
+      run = runs_lib.load_run(workdir)
+      steps.append(run.step)
+      assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(run.params))
+  finally:
+    proc.kill()
+    proc.wait()
+  out = capsys.readouterr().out
+  print(f'read steps {steps}; first held at {held}: {out[-1500:]}')
+  assert f'Note: checkpoint {held[0]} was removed while it was read' in out, out
+  assert steps[0] > held[0] and steps == sorted(steps), steps
+  assert 'Warning' not in out and 'config.json' not in out, out

@@ -195,7 +195,8 @@ def test_a_killed_and_resumed_run_accounts_for_the_repeated_steps(tmp_path):
 
 def test_a_stalled_storage_does_not_hold_the_end(tmp_path, monkeypatch, capsys):
   """The last write waits CLOSE_WAIT_S at most (a stalled endpoint's request bound can be
-  minutes), then the run ends with a warning."""
+  minutes), then a run already failing ends with a warning, and one that was not with one
+  paragraph (issue 57; tests/test_storage_stalls.py has the stopped server)."""
   workdir = str(tmp_path / 'run')
   os.makedirs(workdir)
   account = goodput.Account()
@@ -204,7 +205,15 @@ def test_a_stalled_storage_does_not_hold_the_end(tmp_path, monkeypatch, capsys):
   monkeypatch.setattr(goodput.storage, 'write', lambda path, data: release.wait(30))
   monkeypatch.setattr(goodput._Writer, 'CLOSE_WAIT_S', 0.5)  # pylint: disable=protected-access
   start = time.perf_counter()
-  account.finish(3, 'failed')
+  account.finish(3, 'failed', raise_errors=False)
   assert time.perf_counter() - start < 2.0
   assert 'was not written' in capsys.readouterr().out
+  account = goodput.Account()
+  account.begin(workdir, 3, every_s=0.0)
+  start = time.perf_counter()
+  with pytest.raises(goodput.storage.StorageError, match='was not written .* within 0.5 s: the '
+                     'storage stopped answering. Training stopped at step 5 .*run the same '
+                     'command again'):
+    account.finish(5, 'finished')
+  assert time.perf_counter() - start < 2.0
   release.set()

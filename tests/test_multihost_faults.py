@@ -81,11 +81,11 @@ def _report(event: str, codes):
                                          for i, (c, t) in enumerate(codes)), flush=True)
 
 
-def _stopped_together(pod: Pod, codes, who: str):
-  """Every process exited 0 within STOP_BOUND, after the same step, which was saved."""
+def _stopped_together(pod: Pod, codes, who: str, bound: float = STOP_BOUND):
+  """Every process exited 0 within `bound`, after the same step, which was saved."""
   _report(f'stop, {pod.processes} x {pod.devices}, signal to {who}', codes)
   assert [c for c, _ in codes] == [0] * pod.processes, pod.tails()
-  assert max(t for _, t in codes) < STOP_BOUND, codes
+  assert max(t for _, t in codes) < bound, codes
   text = pod.text(0)
   stop = [int(s) for s in re.findall(r'Interrupted \(.*\) at step (\d+)', text)]
   said = f'received by {who}' if pod.processes > 1 else f'Interrupted ({who})'
@@ -288,3 +288,63 @@ def test_two_processes_on_object_storage(reference, env, gcs, tmp_path):
   assert [c for c, _ in pod.run()] == [0, 0], pod.tails()
   assert losses(pod.workdir) == ref_losses
   jax.tree.map(np.testing.assert_array_equal, params_of(pod.workdir), ref_params)
+
+
+# Issue 57: the second host's signal during the first one's close -------------------------------
+
+# point of the close -> (the process signalled first, the one held there and signalled then, the
+# function it is held at: tests/stall_point.py)
+CLOSE_POINTS = {
+    'before the save': (0, 1, 'gated_attention.training.loop:save_on_interrupt'),
+    'during the save': (0, 1, 'gated_attention.training.session:close_run'),
+    'after the save': (0, 1, 'gated_attention.training.reporting:MetricsWriter.close'),
+    'during the goodput write': (1, 0, 'gated_attention.training.goodput:Account.finish'),
+    'during jax.distributed shutdown': (0, 1, 'jax._src.distributed:State.shutdown'),
+}
+
+
+def _signal_during_close(env, tmp_path, name: str):
+  first, second, point = CLOSE_POINTS[name]
+  logs = tmp_path / name.replace(' ', '_').replace('.', '_')
+  logs.mkdir()
+  # Only the training step compiles (no evaluation, no save before the stop): five pods share
+  # the machine, and a multi-process CPU run compiles without the persistent cache.
+  pod = Pod(str(logs / 'run'), 2, 2, env, STEPS, logs_dir=str(logs), hold={second: point},
+            extra={'train.eval_every': 1000, 'train.checkpoint_every': 1000})
+  pod.start()
+  try:
+    pod.wait_for(lambda: pod.last_step() >= 4, timeout=900)
+    pod.signal(first, signal.SIGTERM)
+    pod.wait_for(lambda: pod.held(second), timeout=300)
+    pod.signal(second, signal.SIGTERM)     # it lands while `second` is at the point
+    time.sleep(0.5)
+    pod.go(second)
+    return name, first, pod, pod.wait(STOP_BOUND + 60)
+  except BaseException:
+    pod.kill_all()
+    raise
+
+
+def test_a_signal_during_the_close_neither_kills_nor_strands(env, tmp_path):
+  """A pod stops on one host's signal; the other host's arrives while that one closes: before,
+  during and after the save, during the goodput write (process 0's), during jax.distributed's
+  shutdown at exit. Every process still exits 0 within the bound, after the same step, saved,
+  with no traceback. Before: a signal during the shutdown killed its process (-15, no message)
+  once the loop had put the default handlers back, and the other process waited in the shutdown
+  for it (still running 90 s after the last signal in the issue). The five pods run side by
+  side."""
+  import concurrent.futures  # pylint: disable=g-import-not-at-top
+  with concurrent.futures.ThreadPoolExecutor(len(CLOSE_POINTS)) as pool:
+    results = list(pool.map(lambda name: _signal_during_close(env, tmp_path, name),
+                            CLOSE_POINTS))
+  failures = []
+  for name, first, pod, codes in results:
+    _report(f'second signal {name}', codes)
+    try:
+      _stopped_together(pod, codes, f'process {first}', bound=STOP_BOUND + 60)
+      _check_saved(pod.workdir, 2)
+      for i in range(2):
+        assert 'Traceback' not in pod.text(i), pod.text(i)[-3000:]
+    except AssertionError as e:
+      failures.append(f'{name}: {e}')
+  assert not failures, '\n'.join(failures)

@@ -32,10 +32,12 @@ parameters alone and starts a fresh optimizer and data iterator.
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
 import shutil
+import threading
 
 from absl import logging as absl_logging
 import grain
@@ -105,6 +107,16 @@ class PositionMismatch(CheckpointError):
   """An intact checkpoint whose data position does not fit this run's data pipeline."""
 
 
+class Rotated(CheckpointError):
+  """A checkpoint removed while it was read: the run is training, and its trainer rotated it
+  away (keep_checkpoints). Not damage: the reader reads the newest one again."""
+
+
+# A reader of a live run reads the newest checkpoint again at most this many times when the
+# trainer removes the one it reads (issue 57).
+READ_RACES = 5
+
+
 @dataclasses.dataclass
 class Restored:
   step: int
@@ -138,9 +150,18 @@ def _settings(shapes: dict) -> dict:
 @contextlib.contextmanager
 def readable(directory: str):
   """A checkpoints directory that cannot be listed (permissions; etils raises from deep in
-  orbax) as one CheckpointError."""
+  orbax) as one CheckpointError; a step folder that vanished while it was listed (a trainer's
+  rotation: a reader of a live run) as a `Rotated` one."""
   try:
     yield
+  except FileNotFoundError as e:
+    name = str(e.filename or '')
+    if name.rstrip('/') != directory.rstrip('/') and name.startswith(directory.rstrip('/') + '/'):
+      raise Rotated(f'{name} was removed while it was listed') from e
+    raise CheckpointError(
+        f'Cannot read the checkpoints directory {directory}: {type(e).__name__}: '
+        f'{e.strerror or e}{f" ({e.filename})" if e.filename else ""}. Check its permissions '
+        '(and the user this runs as), or pass another --workdir.') from e
   except OSError as e:
     raise CheckpointError(
         f'Cannot read the checkpoints directory {directory}: {type(e).__name__}: '
@@ -188,6 +209,39 @@ def summarize_differences(diffs: list[str]) -> str:
   return f'{"; ".join(diffs[:3])}{more}'
 
 
+_within = threading.local()     # this thread already runs inside a bounded read
+
+
+def _bounded(what: str):
+  """A Checkpointer method that reads a gs:// run's checkpoints, bounded: orbax lists them and
+  reads their metadata through gcsfs (no timeout) and their arrays through tensorstore, and a
+  storage endpoint that stopped answering kept a restore waiting for as long as it was down
+  (issue 57: 308 s, until it answered). The call runs in a thread waited for
+  storage.waits.CHECKPOINT_WAIT_S at most; past it, one paragraph (a StorageError) naming what
+  stalled; the thread is left behind (main.py then ends the process). A local disk: as it is."""
+  def wrap(method):
+    @functools.wraps(method)
+    def bounded(self, *args, **kwargs):
+      if not self.remote or getattr(_within, 'active', False):
+        return method(self, *args, **kwargs)
+
+      def inner():
+        _within.active = True
+        return method(self, *args, **kwargs)
+      seconds = storage.waits.CHECKPOINT_WAIT_S
+      return storage.waits.call(inner, seconds, _stalled_read(self.directory, what, seconds))
+    return bounded
+  return wrap
+
+
+def _stalled_read(directory: str, what: str, seconds: float) -> str:
+  return (f'{what[0].upper()}{what[1:]} in {directory} did not finish within {seconds:.0f} s: the '
+          'storage stopped answering (or is far slower than it should be). Nothing was changed '
+          'there: the checkpoints are intact; once the storage answers, run the same command '
+          'again (a training run resumes from the latest checkpoint). '
+          '(GATED_ATTENTION_CHECKPOINT_WAIT_S sets this bound.)')
+
+
 class Checkpointer:
   """The orbax CheckpointManager of one workdir: `save`, `restore_latest`, `restore_params`."""
 
@@ -210,30 +264,51 @@ class Checkpointer:
     # processes before issue 45, which go on saving it so.
     registry.add('data', ocp.args.JsonSave, ocp.handlers.JsonCheckpointHandler(filename=POSITION))
     registry.add('data', grain.checkpoint.CheckpointSave, grain.checkpoint.CheckpointHandler())
-    with _quiet_orbax() if read_only else contextlib.nullcontext(), self._readable():
-      options = ocp.CheckpointManagerOptions(
-          create=not read_only, read_only=read_only, enable_async_checkpointing=not read_only,
-          preservation_policy=preserve, best_fn=level, best_mode='min',
-          save_decision_policy=policy.AnySavePolicy([
-              policy.FixedIntervalPolicy(every), policy.PreemptionCheckpointingPolicy()]))
-      self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                           handler_registry=registry)
+    options = ocp.CheckpointManagerOptions(
+        create=not read_only, read_only=read_only, enable_async_checkpointing=not read_only,
+        preservation_policy=preserve, best_fn=level, best_mode='min',
+        save_decision_policy=policy.AnySavePolicy([
+            policy.FixedIntervalPolicy(every), policy.PreemptionCheckpointingPolicy()]))
+    self.manager = self._open(options, registry, read_only)
     self._sizes = {}
     self._issued = None        # the step of the last save started by this process
     self._committed = None     # a step known to be written (the one restored, or a finished save)
 
+  @_bounded('listing the checkpoints')
+  def _open(self, options, registry, read_only: bool):
+    """orbax's manager of the directory (it lists the steps there as it is made)."""
+    with _quiet_orbax() if read_only else contextlib.nullcontext():
+      return self._listing(lambda: ocp.CheckpointManager(
+          self.directory, options=options, handler_registry=registry))
+
   def _readable(self):
     return readable(self.directory)
 
+  def _listing(self, fn, again=None):
+    """fn() (an orbax call that lists the steps), listed again where a step folder vanished
+    under it (a trainer's rotation, seen by a reader of a live run), READ_RACES times at most;
+    `again` refreshes orbax's listing first."""
+    for race in range(READ_RACES + 1):
+      try:
+        with self._readable():
+          return fn()
+      except Rotated:
+        if race == READ_RACES:
+          raise
+        if again is not None:
+          again()
+    raise AssertionError('unreachable')
+
+  @_bounded('listing the checkpoints')
   def all_steps(self) -> list[int]:
     """Steps of the finished checkpoints (unfinished temporaries are not listed)."""
-    with self._readable():
-      return sorted(self.manager.all_steps())
+    return sorted(self._listing(self.manager.all_steps, self.manager.reload))
 
+  @_bounded('listing the checkpoints')
   def latest_step(self) -> int | None:
-    with self._readable():
-      return self.manager.latest_step()
+    return self._listing(self.manager.latest_step, self.manager.reload)
 
+  @_bounded('reading the checkpoints\' metrics')
   def best_step(self, before: int | None = None) -> int | None:
     """The checkpoint with the lowest running loss level (the loop's, saved with it), among
     those before step `before`; warm starts and older checkpoints without it rank last."""
@@ -446,6 +521,7 @@ class Checkpointer:
     self.manager.reload()
     return dst
 
+  @_bounded('reading a checkpoint\'s metadata')
   def shape_differences(self, step: int, abstract_params: dict) -> list[str]:
     """How the parameters saved in checkpoint `step` differ in names or shapes from
     `abstract_params` ([] if they agree, or if the checkpoint's metadata cannot be read: then
@@ -482,6 +558,7 @@ class Checkpointer:
           'overrides), or train the new shape in a new --workdir, with '
           f'--config.train.init_from={storage.dirname(self.directory)} only if the shapes agree.')
 
+  @_bounded('restoring the latest checkpoint')
   def restore_latest(self, abstract_state: dict, data_iter, *, warn=print) -> Restored | None:
     """The newest intact checkpoint, onto the shardings of `abstract_state`; unusable newer ones
     are set aside with a warning. None if there is none. A checkpoint of another model shape is
@@ -521,6 +598,7 @@ class Checkpointer:
       return []
     return sorted(n for n in storage.listdir(self.directory) if _SET_ASIDE.fullmatch(n))
 
+  @_bounded('restoring a checkpoint')
   def restore_step(self, step: int, abstract_state: dict, data_iter) -> Restored:
     """Checkpoint `step` (verified), e.g. the best one, for a rollback."""
     return self._restore(step, abstract_state, data_iter)
@@ -555,13 +633,20 @@ class Checkpointer:
     self._verify(step, {'params': params}, warn)
     return params
 
+  @_bounded('reading a checkpoint\'s parameters')
   def restore_params(self, step: int, abstract_params: dict, *, warn=print) -> dict:
     """The parameters of checkpoint `step` alone, verified like a training restore (finite
     values, the checksums saved with it). Read-only: nothing in the run directory is changed; a
     bad checkpoint is a one-paragraph CheckpointError naming the intact-looking others."""
     try:
       return self._verified_params(step, abstract_params, warn)
-    except CheckpointError as e:
+    except (CheckpointError, OSError) as e:
+      if isinstance(e, Rotated) or self._gone(step, step):
+        raise CheckpointError(
+            f'Checkpoint {step} in {self.directory} was removed while it was read: the run is '
+            'training and rotated it away (its checkpoints are fine). The checkpoints there '
+            f'now: {self.all_steps() or "none"}; read one of those (--step=N), or the latest '
+            '(no --step).') from None
       others = [s for s in self.all_steps() if s != step]
       raise CheckpointError(
           f'Checkpoint {step} in {self.directory} is unusable ({e}). Its files were left as they '
@@ -569,17 +654,64 @@ class Checkpointer:
           'takes it), or resume training in the run directory, which sets a bad newest checkpoint '
           'aside and continues from the one before.') from None
 
+  @_bounded('reading the latest checkpoint\'s parameters')
   def restore_latest_params(self, abstract_params: dict, *, warn=print) -> tuple[int, dict]:
     """(step, parameters) of the newest checkpoint that verifies; a bad newer one is skipped
-    with a warning naming what was wrong (read-only: never set aside or changed)."""
+    with a warning naming what was wrong (read-only: never set aside or changed). A run that is
+    training may remove the checkpoint being read (its rotation): the reader says so and reads
+    the newest one again, READ_RACES times at most (issue 57: it called them damaged, blamed the
+    config, and gave up while the trainer wrote newer ones)."""
+    for race in range(READ_RACES + 1):
+      try:
+        return self._latest_params(abstract_params, warn)
+      except Rotated as e:
+        if race == READ_RACES:
+          raise CheckpointError(
+              f'The checkpoints in {self.directory} were removed while they were read '
+              f'{READ_RACES + 1} times in a row ({e}): the run is training and rotates them '
+              'faster than they can be read here. Read a step it keeps (--step=N), or once it '
+              'stops; nothing was changed.') from None
+        warn(f'Note: {e}: the run is training and rotated it away (the checkpoints are fine); '
+             'reading the newest one again.')
+        self._listing(self.manager.reload)
+    raise AssertionError('unreachable')
+
+  def _gone(self, step: int, newest: int) -> bool:
+    """Whether checkpoint `step` was removed, or is being removed, since a read that began when
+    `newest` was the newest: a fresh listing lacks it, or shows a newer save (the trainer
+    rotates after each), or its folder is gone."""
+    storage.forget_listings(self.directory)
+    try:
+      self._listing(self.manager.reload)
+      steps = self.all_steps()
+    except Rotated:
+      return True
+    return (step not in steps or (steps and steps[-1] > newest)
+            or not storage.isdir(storage.join(self.directory, str(step))))
+
+  def _latest_params(self, abstract_params: dict, warn) -> tuple[int, dict]:
+    """restore_latest_params's one pass over a fresh listing; a Rotated error where the
+    checkpoint it reads was removed meanwhile (its warnings, such as "unverified", are dropped
+    then: they were about a checkpoint half deleted)."""
     steps = self.all_steps()
     for step in reversed(steps):
-      self.check_shapes(step, abstract_params)
+      said = []
       try:
-        return step, self._verified_params(step, abstract_params, warn)
-      except CheckpointError as e:
+        self.check_shapes(step, abstract_params)
+        params = self._verified_params(step, abstract_params, said.append)
+      except (CheckpointError, OSError) as e:   # OSError: a file listed, then removed
+        if isinstance(e, Rotated) or self._gone(step, steps[-1]):
+          raise Rotated(f'checkpoint {step} was removed while it was read') from None
+        if 'other shapes than this config' in str(e):
+          raise
         warn(f'Warning: checkpoint {step} in {self.directory} is unusable ({e}); reading the one '
              'before it (the run directory is left as it is).')
+        continue
+      if said and self._gone(step, steps[-1]):
+        raise Rotated(f'checkpoint {step} was removed while it was read')
+      for line in said:
+        warn(line)
+      return step, params
     raise CheckpointError(f'No usable checkpoint in {self.directory}: checkpoints {steps} all '
                           'failed verification (warnings above).')
 

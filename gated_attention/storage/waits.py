@@ -73,9 +73,22 @@ def closing(what: str):
   _closing.append(what)
 
 
+def closed():
+  """The run that was closing on a stall has closed (training/loop.py, at its end): the next
+  one in this process (a notebook's, a test's) waits with the full bounds again. Threads given
+  up on are still recorded (`abandoned`): they may keep the process from exiting."""
+  del _closing[:]
+
+
+def _short() -> bool:
+  """Whether waits are cut to CLOSING_REQUEST_S: a run is closing on a stall, or a wait was
+  given up in a process the command line owns (it is about to end)."""
+  return bool(_closing or (_abandoned and _owner))
+
+
 def request_timeout(nbytes: int = 0) -> float:
   """The bound for one request moving `nbytes`; short once the run is closing on a stall."""
-  if _abandoned or _closing:
+  if _short():
     return CLOSING_REQUEST_S
   return REQUEST_S + nbytes / MIN_RATE
 
@@ -96,11 +109,19 @@ def _give_up(what: str, paragraph: str):
     _arm(time.monotonic() + GRACE_S, paragraph)
 
 
-def call(fn, seconds: float, paragraph: str):
+def give_up(paragraph: str) -> StorageError:
+  """A wait given up by its caller (a future waited for with a timeout): recorded as `call`
+  records one (the thread left waiting keeps Python from exiting); the StorageError to raise."""
+  _give_up(paragraph.split(':', 1)[0], paragraph)
+  return StorageError(paragraph)
+
+
+def call(fn, seconds: float, paragraph: str, progress: threading.Event | None = None):
   """fn() waited for at most `seconds` (in a daemon thread); past it a StorageError with
   `paragraph` (the thread is left behind: see the module docstring). fn's own error is
-  raised as it is."""
-  if _abandoned or _closing:    # the run is ending on a stalled storage: do not wait it out
+  raised as it is. With `progress`, an Event fn sets as it gets on (a batch read), the bound is
+  on the time without progress: `seconds` more from each time it was set."""
+  if _short():                  # the run is ending on a stalled storage: do not wait it out
     seconds = min(seconds, CLOSING_REQUEST_S)
   box = {}
 
@@ -111,7 +132,11 @@ def call(fn, seconds: float, paragraph: str):
       box['error'] = e
   thread = threading.Thread(target=target, name='bounded-storage-wait', daemon=True)
   thread.start()
-  thread.join(seconds)          # a signal's handler runs meanwhile (the loop's SIGTERM flag)
+  while True:
+    thread.join(seconds)        # a signal's handler runs meanwhile (the loop's SIGTERM flag)
+    if not thread.is_alive() or progress is None or not progress.is_set():
+      break
+    progress.clear()
   if thread.is_alive():
     _give_up(paragraph.split(':', 1)[0], paragraph)
     raise StorageError(paragraph)

@@ -97,17 +97,20 @@ class Account:
     if jax.process_index() != 0:
       return
     folder = storage.join(workdir, rundir.GOODPUT_DIR)
-    storage.makedirs(folder)
-    number = max(rundir.goodput_session_numbers(workdir), default=0) + 1
-    while True:                      # a number of its own (another process cannot hold the lock)
-      self._path = rundir.goodput_session(workdir, number)
-      self._record = {'session': number, 'host': socket.gethostname(), 'pid': os.getpid(),
-                      'processes': jax.process_count(), 'devices': jax.device_count(),
-                      'started': self.started, 'start_step': start_step, 'step': start_step,
-                      'state': 'running'}
-      if storage.create(self._path, json.dumps(self._snapshot(start_step, 'running'))):
-        break
-      number += 1
+    try:
+      storage.makedirs(folder)
+      number = max(rundir.goodput_session_numbers(workdir), default=0) + 1
+      while True:                    # a number of its own (another process cannot hold the lock)
+        self._path = rundir.goodput_session(workdir, number)
+        self._record = {'session': number, 'host': socket.gethostname(), 'pid': os.getpid(),
+                        'processes': jax.process_count(), 'devices': jax.device_count(),
+                        'started': self.started, 'start_step': start_step, 'step': start_step,
+                        'state': 'running'}
+        if storage.create(self._path, json.dumps(self._snapshot(start_step, 'running'))):
+          break
+        number += 1
+    except storage.StorageError as e:   # each request is bounded (a stalled endpoint)
+      raise _stalled(f'Recording this session\'s goodput account in {folder} failed: {e}') from e
     if every_s is None:
       every_s = 15.0 if storage.is_remote(workdir) else 0.25
     self._writer = _Writer(self._path, every_s)
@@ -124,24 +127,51 @@ class Account:
     if self._writer is not None:
       self._writer.put(self._snapshot(step, 'running'))
 
-  def finish(self, step: int, state: str, **extra):
+  def finish(self, step: int, state: str, *, raise_errors: bool = True, **extra):
     """The last lap ('closing'), then the last write, waited for (`state`: finished,
     interrupted, failed; `extra`: more fields, the devices' peak memory). Returns the session's
-    record (None on processes that do not write)."""
+    record (None on processes that do not write). A last write that failed or stalled is a
+    StorageError of one paragraph (issue 57: the storage stopped answering as a run ended), or
+    with `raise_errors` False (a run already failing) a warning."""
     self.lap('closing')
     _ended[:] = [self._last, self._compiled]
     if self._writer is None:
       return None
     record = {**self._snapshot(step, state), **extra}
-    self._writer.close(record)
+    error = self._writer.close(record)
+    if error is not None:
+      if not raise_errors:
+        print(f'Warning: {error}; the run itself is unaffected.', flush=True)
+      else:
+        raise _stalled(f'{error}. Training stopped at step {step} ({state})')
     return record
+
+
+def _stalled(what: str) -> storage.StorageError:
+  """The paragraph of a goodput write or read that failed (each request bounded: a stalled
+  endpoint); the run's closing steps get short bounds from here on (storage/waits.py)."""
+  storage.waits.closing('goodput')
+  return storage.StorageError(
+      f'{what}. The checkpoints already written are intact; once the storage answers, run the '
+      'same command again to resume from the latest one.')
+
+
+def summary(workdir: str) -> dict:
+  """The run's goodput over every session recorded (analysis/goodput.py's summary), read
+  from storage; a read that stalls is one paragraph."""
+  from gated_attention.analysis import goodput as goodput_lib  # pylint: disable=g-import-not-at-top
+  try:
+    return goodput_lib.summarize(rundir.read_goodput(workdir))
+  except storage.StorageError as e:
+    raise _stalled(f'Reading the goodput accounts of {workdir} failed: {e}') from e
 
 
 class _Writer:
   """Writes the newest snapshot it was given, at most every `every_s` seconds, in a thread; a
   failed write (a storage stall) is retried with the next snapshot, never raised into training.
   The last snapshot is written by the thread too, waited for `CLOSE_WAIT_S` at most: a stalled
-  endpoint must not hold a stopping run for a request's whole bound."""
+  endpoint must not hold a stopping run for a request's whole bound; `close` says what went
+  wrong (Account.finish makes it one paragraph)."""
 
   CLOSE_WAIT_S = 20.0
 
@@ -175,16 +205,16 @@ class _Writer:
         self._write(snapshot)
       self.closing.wait(self.every_s)
 
-  def close(self, final: dict):
+  def close(self, final: dict) -> str | None:
+    """Writes `final`, waited for CLOSE_WAIT_S at most; what went wrong (None: written)."""
     self.last = final
     self.closing.set()
     self.wake.set()
     self.thread.join(timeout=self.CLOSE_WAIT_S)
     if self.thread.is_alive():       # a write hangs on a stalled endpoint
-      print(f'Warning: the goodput account of this session was not written to {self.path} '
-            f'within {self.CLOSE_WAIT_S:g} s (the storage does not answer); the run itself is '
-            'unaffected.', flush=True)
-    elif self.error is not None:
-      print(f'Warning: the goodput account could not be written to {self.path} '
-            f'({type(self.error).__name__}: {self.error}); the run itself is unaffected.',
-            flush=True)
+      return (f'The goodput account of this session was not written to {self.path} within '
+              f'{self.CLOSE_WAIT_S:g} s: the storage stopped answering')
+    if self.error is not None:
+      return (f'The goodput account of this session could not be written to {self.path} '
+              f'({type(self.error).__name__}: {self.error})')
+    return None

@@ -19,11 +19,21 @@ process still running `stop_timeout` seconds after its first signal exits with s
 paragraph (a peer or the storage that stopped answering must not keep a stopping job alive).
 Both work while the main thread is blocked in C++ (a collective, a storage call), where Python
 runs no signal handler: a thread reads the signals from `signal.set_wakeup_fd`'s pipe.
+
+Until the process exits (issue 57). Where the command line owns the process (`own_process`,
+main.py), `restore()` keeps the handlers: a signal that lands while the run closes (its save,
+the goodput write, jax.distributed's shutdown at exit) neither kills the process with the
+default action (it died with -15 and no message, and its peer waited for it in the shutdown) nor
+stops the close; it only starts the stop timeout's clock. A run closing on an error says which
+(`failing`): a second signal then prints that error's paragraph before it exits, and frees the
+run's lock (a bounded second at most), so neither is lost.
 """
 
 import os
 import signal
+import sys
 import threading
+import time
 
 import jax
 
@@ -33,10 +43,60 @@ from gated_attention import console
 EXIT_STOP_TIMEOUT = 124   # as timeout(1)
 DEFAULT_STOP_TIMEOUT = 300
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+LOCK_RELEASE_S = 2.0      # a second signal frees the run's lock for at most this long
+
+_owned = []               # the command line owns the process: handlers are kept until it exits
+
+
+def own_process():
+  """The command line owns this process (main.py): an Interrupt's handlers stay until the process
+  exits, so a signal during the close or the exit is handled, not fatal."""
+  _owned.append(True)
+
+
+def owned() -> bool:
+  return bool(_owned)
+
+
+def bound_exit(seconds: float):
+  """The command's work has ended (done or failed): the process must be gone within `seconds`
+  (issue 57: a process whose peer died in its close waited in jax.distributed's shutdown for
+  good). Past it, one paragraph and exit status 124. Only where the command line owns the
+  process (a library caller's process is its own)."""
+  if not _owned:
+    return
+  me, count = jax.process_index(), jax.process_count()   # JAX may be torn down by then
+
+  def watch():
+    time.sleep(seconds)
+    _say(f'\nProcess {me} of {count}: its work ended {seconds:g} s ago and it has not exited '
+         'yet (jax.distributed\'s shutdown waits for another process that is gone or stuck, or '
+         'the storage does not answer): exiting now. Checkpoints already written are intact; if '
+         'a process failed, run the same command again on every host to resume from the '
+         'latest.\n')
+    os._exit(EXIT_STOP_TIMEOUT)  # pylint: disable=protected-access
+  threading.Thread(target=watch, name='exit_deadline', daemon=True).start()
 
 
 def _say(text: str):
   console.write_before_exit(text)
+
+
+def _paragraph(text: str) -> str:
+  """An error as main.py prints it (cli._fail): wrapped at 100 columns."""
+  import textwrap  # pylint: disable=g-import-not-at-top
+  return '\n'.join(textwrap.fill(line, 100) for line in text.splitlines())
+
+
+def _release_locks():
+  """The run's lock freed (runs/lock.py's release_all) within LOCK_RELEASE_S: a local file at
+  once; on object storage one request, which a stalled endpoint may not answer."""
+  lock = sys.modules.get('gated_attention.runs.lock')
+  if lock is None:
+    return
+  thread = threading.Thread(target=lock.release_all, name='release-lock', daemon=True)
+  thread.start()
+  thread.join(LOCK_RELEASE_S)
 
 
 class Interrupt:
@@ -50,6 +110,8 @@ class Interrupt:
     self._agreement = cluster.StopAgreement(lag) if self._count > 1 else None
     self._received = 0
     self._done = threading.Event()
+    self._failing = None        # the error the run closes on (a second signal prints it)
+    self._held = False          # restored while the command line owns the process: kept
     self._old = {s: signal.signal(s, self._handle) for s in SIGNALS}
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
@@ -85,18 +147,26 @@ class Interrupt:
         if self._received == 1:
           threading.Thread(target=self._deadline, args=(signum,), name='stop_deadline',
                            daemon=True).start()
-        else:   # a second signal: give up at once
-          _say('\nInterrupted again: stopped at once. Checkpoints already written are intact; '
-               'run the same command again to resume from the latest.\n')
+        else:   # a second signal: give up at once (the error being closed on said first)
+          earlier = (f'\n{_paragraph(self._failing)}\n' if self._failing else '')
+          _release_locks()
+          _say(f'{earlier}\nInterrupted again: stopped at once. Checkpoints already written are '
+               'intact; run the same command again to resume from the latest.\n')
           os._exit(128 + signum)  # pylint: disable=protected-access
 
   def _deadline(self, signum: int):
     if self._done.wait(self.stop_timeout):
       return
-    _say(f'\nProcess {self._me} of {self._count}: still running {self.stop_timeout:g} s after '
-         f'signal {signum} (train.stop_timeout): a collective or the storage does not answer. '
-         'Stopping without a final checkpoint; checkpoints already written are intact: run the '
-         'same command again to resume from the latest.\n')
+    if self._held:   # the run has closed; its exit is what waits
+      what = ('its run has closed (its checkpoint saved), but its exit waits on another process '
+              '(jax.distributed\'s shutdown) or the storage. Exiting now')
+    else:
+      what = ('a collective or the storage does not answer. Stopping without a final '
+              'checkpoint')
+    earlier = f'{_paragraph(self._failing)}\n' if self._failing else ''
+    _say(f'\n{earlier}Process {self._me} of {self._count}: still running {self.stop_timeout:g} s '
+         f'after signal {signum} (train.stop_timeout): {what}; checkpoints already written are '
+         'intact: run the same command again to resume from the latest.\n')
     os._exit(EXIT_STOP_TIMEOUT)  # pylint: disable=protected-access
 
   @property
@@ -136,14 +206,31 @@ class Interrupt:
     names = ', '.join(map(str, processes))
     return f'signal {signum}, received by process{"es" if len(processes) > 1 else ""} {names}'
 
+  def failing(self, error: BaseException | None):
+    """The run closes on `error` (None: it does not): a second signal prints its paragraph
+    (as main.py would have, once the close was over) before it stops the process."""
+    self._failing = None if error is None else (
+        f'Error ({type(error).__name__}): {error}' if isinstance(error, _user_errors())
+        else f'{type(error).__name__}: {error}')
+
   def restore(self):
-    """The handlers and the wakeup fd as they were; the reader and the deadline stand down."""
+    """The handlers and the wakeup fd as they were; the reader and the deadline stand down.
+    Where the command line owns the process (`own_process`), the handlers stay until it exits:
+    a signal in the close or the exit counts as any other (issue 57)."""
+    if _owned:
+      self._held = True
+      return
     self._done.set()
     signal.set_wakeup_fd(self._old_wakeup)
     for s, h in self._old.items():
       signal.signal(s, h)
     os.write(self._fds[1], b'\0')   # wakes the reader, which closes its end and returns
     os.close(self._fds[1])
+
+
+def _user_errors():
+  from gated_attention.errors import UserError  # pylint: disable=g-import-not-at-top
+  return UserError
 
 
 def _forget_in_child():

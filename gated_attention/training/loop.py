@@ -25,12 +25,14 @@ the last log (0 when the pipeline keeps up).
 
 import dataclasses
 import math
+import threading
 import time
 
 import jax
 
 from gated_attention import cluster
 from gated_attention import compilation_cache
+from gated_attention import storage
 from gated_attention.analysis import goodput as goodput_lib
 from gated_attention.errors import UserError
 from gated_attention.runs import rundir as workdir_lib
@@ -38,11 +40,12 @@ from gated_attention.training import evaluate as eval_lib
 from gated_attention.training import goodput, stability
 from gated_attention.training import profile as profile_lib
 from gated_attention.training import train as train_lib
+from gated_attention.training import interrupt as interrupt_lib
 from gated_attention.training.interrupt import Interrupt
 from gated_attention.training.reporting import Throughput, device_memory
 # A session's start and close (session.py), used here and by drivers of several runs (seeds.py).
 from gated_attention.training.session import (Run, check_loop_config, close_run,  # noqa: F401
-                                              describe_run, start_run)
+                                              data_bound, describe_run, start_run)
 from gated_attention.training.session import say
 
 
@@ -162,7 +165,23 @@ def _log_train(run: Run, metrics, throughput: Throughput):
   throughput.reset()
 
 
+def _read_validation(run: Run):
+  """The validation batches read (once: the data keeps them) within a bound where the data is
+  on object storage: REQUEST_S without a batch read is a stalled storage (session.data_bound)."""
+  bound = data_bound(run.config, 'validation data')
+  if bound is None:
+    return
+  progress = threading.Event()
+  run.data.on_val_batch = progress.set
+  try:
+    read = run.data.val_sets if hasattr(run.data, 'val_sets') else run.data.val_batches
+    storage.waits.call(read, *bound, progress=progress)
+  finally:
+    run.data.on_val_batch = None
+
+
 def _evaluate_and_log(run: Run) -> dict:
+  _read_validation(run)
   val = evaluate(run.setup, run.params, run.data)
   val.update(device_memory())       # peak bytes in use, where the backend reports them
   run.writer.write(run.step, 'val', val)
@@ -338,27 +357,37 @@ def run(config, workdir: str, on_finish=None) -> dict:
   cluster.liveness.hint = lambda: _resume_hint(state)
   interrupt = early or Interrupt(config.train.stop_timeout)
   try:
-    account.begin(workdir, state.step)
-    val = _train(state, interrupt)
-    summary = mixture_summary(state)
-    if summary:
-      state.progress.write(summary)
-  except BaseException:   # the first error is the one reported; closing must not hide it
-    close_run(state, raise_errors=False)
-    account.finish(state.step, 'failed')
+    try:
+      account.begin(workdir, state.step)
+      val = _train(state, interrupt)
+      summary = mixture_summary(state)
+      if summary:
+        state.progress.write(summary)
+    except BaseException as e:   # the first error is the one reported; closing must not hide it
+      interrupt.failing(e)
+      close_run(state, raise_errors=False)
+      account.finish(state.step, 'failed', raise_errors=False)
+      raise
+    try:
+      close_run(state)
+      memory = device_memory()
+      if account.finish(state.step, 'interrupted' if interrupt.stopped else 'finished',
+                        **memory):
+        say(goodput_lib.describe(goodput.summary(workdir)))
+    except BaseException as e:
+      interrupt.failing(e)
+      raise
+    if memory:
+      say(f'Device memory: peak {memory["memory_peak_gib"]:.2f} GiB in use on one device'
+           + (f' of {memory["memory_limit_gib"]:.2f} GiB' if 'memory_limit_gib' in memory
+              else '') + '.')
+  finally:
+    # Where main.py owns the process, the handlers stay until it exits (interrupt.py); a
+    # library caller (a notebook, the tests) gets its own back, and full storage bounds.
     interrupt.restore()
     cluster.liveness.hint = None
-    raise
-  close_run(state)
-  memory = device_memory()
-  if account.finish(state.step, 'interrupted' if interrupt.stopped else 'finished', **memory):
-    say(goodput_lib.describe(goodput_lib.summarize(workdir_lib.read_goodput(workdir))))
-  if memory:
-    say(f'Device memory: peak {memory["memory_peak_gib"]:.2f} GiB in use on one device'
-         + (f' of {memory["memory_limit_gib"]:.2f} GiB' if 'memory_limit_gib' in memory else '')
-         + '.')
-  interrupt.restore()
-  cluster.liveness.hint = None
+    if not interrupt_lib.owned():
+      storage.waits.closed()
   if (on_finish is not None and not interrupt.stopped
       and state.step == config.train.steps == workdir_lib.latest_step(workdir)):
     on_finish(Finished(workdir, state.step, state.params, state.setup, state.data))

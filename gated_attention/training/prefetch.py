@@ -14,24 +14,69 @@ consumed, recorded by the thread when it read that batch, not the state after th
 ones (which the parent iterator has already passed). `set_state` (a restore or a rollback) drops
 the prefetched batches and moves the parent there. `depth=0` reads synchronously in `__next__`.
 It is a grain DatasetIterator, so grain's orbax handler saves and restores it like the parent.
+
+`bound=(seconds, paragraph)`: a batch not read within `seconds` (data on object storage whose
+endpoint stopped answering; issue 57) is given up with a StorageError of `paragraph`, the
+reading thread left behind (storage/waits.py: the process is then ended by main.py).
 """
 
 import collections
 import concurrent.futures
 import copy
+import queue
+import threading
 
 import grain
+
+from gated_attention import storage
+
+
+class _DaemonWorker:
+  """One daemon thread running submitted calls in order (ThreadPoolExecutor's, as `submit` and
+  `shutdown`): a read left stuck on a stalled storage must not keep Python from exiting
+  (concurrent.futures joins its threads at exit)."""
+
+  def __init__(self):
+    self._tasks = queue.SimpleQueue()
+    self._thread = threading.Thread(target=self._work, name='device_prefetch', daemon=True)
+    self._thread.start()
+
+  def _work(self):
+    while True:
+      task = self._tasks.get()
+      if task is None:
+        return
+      future, fn = task
+      if not future.set_running_or_notify_cancel():
+        continue
+      try:
+        future.set_result(fn())
+      except BaseException as e:  # pylint: disable=broad-except  # the caller's, via the future
+        future.set_exception(e)
+
+  def submit(self, fn) -> concurrent.futures.Future:
+    future = concurrent.futures.Future()
+    self._tasks.put((future, fn))
+    return future
+
+  def shutdown(self, wait: bool = True, cancel_futures: bool = False):
+    del cancel_futures   # the caller drops its futures
+    self._tasks.put(None)
+    if wait:
+      self._thread.join()
 
 
 class DevicePrefetch(grain.DatasetIterator):
   """Batches of `parent` passed through `to_device`, up to `depth` of them read ahead."""
 
-  def __init__(self, parent: grain.DatasetIterator, to_device, depth: int = 2):
+  def __init__(self, parent: grain.DatasetIterator, to_device, depth: int = 2, *,
+               bound: tuple[float, str] | None = None):
     super().__init__(parent)
+    self._bound = bound
     if depth < 0:
       raise ValueError(f'prefetch depth must be >= 0, got {depth}.')
     self._to_device, self._depth = to_device, depth
-    self._pool = concurrent.futures.ThreadPoolExecutor(1, 'device_prefetch') if depth else None
+    self._pool = _DaemonWorker() if depth else None
     self._pending = collections.deque()   # futures of (device batch, parent state after it)
     self._state = copy.deepcopy(parent.get_state())
 
@@ -45,10 +90,19 @@ class DevicePrefetch(grain.DatasetIterator):
 
   def __next__(self):
     if self._pool is None:
-      batch, self._state = self._read()
+      if self._bound is not None:
+        batch, self._state = storage.waits.call(self._read, *self._bound)
+      else:
+        batch, self._state = self._read()
       return batch
     self._fill()
-    batch, self._state = self._pending.popleft().result()
+    try:
+      batch, state = self._pending[0].result(
+          timeout=None if self._bound is None else self._bound[0])
+    except concurrent.futures.TimeoutError:
+      raise storage.waits.give_up(self._bound[1]) from None
+    self._pending.popleft()
+    self._state = state
     self._fill()                          # read the following batches while this one is used
     return batch
 
@@ -69,7 +123,13 @@ class DevicePrefetch(grain.DatasetIterator):
       concurrent.futures.wait([self._pending.popleft()])
 
   def shutdown(self):
-    """Stops the thread (the parent stays open)."""
+    """Stops the thread (the parent stays open). A read left waiting on a stalled storage is
+    not waited for."""
+    if storage.waits.abandoned() and self._pool is not None:
+      self._pending.clear()
+      self._pool.shutdown(wait=False, cancel_futures=True)
+      self._pool = None
+      return
     self._drain()
     if self._pool is not None:
       self._pool.shutdown()

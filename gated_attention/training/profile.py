@@ -97,7 +97,14 @@ class Profiler:
     self.tracing = False
     try:
       jax.profiler.stop_trace()
-      self.published = self._publish(step)
+      try:
+        self.published = self._publish(step)
+      except storage.StorageError as e:   # each upload is bounded (a stalled endpoint)
+        storage.waits.closing('profile')
+        raise storage.StorageError(
+            f'Uploading the profiler trace of steps {self.first}-{step} failed: {e} The '
+            'checkpoints already written are intact; once the storage answers, run the same '
+            'command again to resume from the latest one.') from e
       self.say(f'Profiler trace of steps {self.first}-{step}: {self.published} (open it with '
                f'xprof --logdir {storage.join(self.workdir, rundir.PROFILE_DIR)}, or its '
                'perfetto_trace.json.gz at https://ui.perfetto.dev)')

@@ -20,6 +20,7 @@ import jax
 
 from gated_attention import input_pipeline
 from gated_attention import sharding
+from gated_attention import storage
 from gated_attention.errors import CheckpointError, ConfigError
 from gated_attention.model import transformer as model_lib
 from gated_attention.runs import checkpoint as ckpt_lib
@@ -173,6 +174,28 @@ def _init_from(run: Run, source: str):
   say(f'Initialised from {source} (step {step}): parameters only, fresh optimizer and data.')
 
 
+def _remote_data(data_cfg) -> list[str]:
+  """The data paths on object storage: data.path, and each data.mixture entry's."""
+  entries = (data_cfg.get('mixture') or {}).values()
+  paths = [data_cfg.get('path', '')] + [entry.get('path', '') for entry in entries]
+  return [p for p in paths if p and storage.is_remote(p)]
+
+
+def data_bound(config, what: str) -> tuple[float, str] | None:
+  """(seconds, paragraph): the bound on one batch of `what` read from object storage, whose
+  endpoint may stop answering (issue 57: an evaluation's reads waited for as long as it was
+  down), storage.waits.REQUEST_S; None for data that is not on object storage."""
+  remote = _remote_data(config.data)
+  if not remote:
+    return None
+  seconds = storage.waits.REQUEST_S
+  return seconds, (
+      f'Reading the {what} from {", ".join(remote)} gave no batch within {seconds:g} s: the '
+      'storage stopped answering (or is far slower than it should be). The checkpoints already '
+      'written are intact; once the storage answers, run the same command again to resume from '
+      'the latest one. (GATED_ATTENTION_STORAGE_REQUEST_S sets this bound.)')
+
+
 def say(text: str):
   if jax.process_index() == 0:
     print(text, flush=True)
@@ -209,7 +232,7 @@ def _start_locked(config, workdir: str, lock: lock_lib.RunLock,
     setup = setup or train_lib.Setup(config, mesh)
   data.train_iter = prefetch.DevicePrefetch(
       data.train_iter, functools.partial(setup.global_batch, whole=not per_process),
-      config.data.get('device_prefetch', 2))
+      config.data.get('device_prefetch', 2), bound=data_bound(config, 'training data'))
   if tc.init_from and not ckpt_lib.step_dirs(workdir):   # before anything is written
     _check_init_from(tc.init_from, setup.abstract_params)
   checkpointer = ckpt_lib.Checkpointer(workdir, every=tc.checkpoint_every,
