@@ -224,7 +224,10 @@ class Interrupt:
     signal.set_wakeup_fd(self._old_wakeup)
     for s, h in self._old.items():
       signal.signal(s, h)
-    os.write(self._fds[1], b'\0')   # wakes the reader, which closes its end and returns
+    try:
+      os.write(self._fds[1], b'\0')   # wakes the reader, which closes its end and returns
+    except OSError:   # the reader has gone already (its end closed under it: EPIPE)
+      pass
     os.close(self._fds[1])
 
 
