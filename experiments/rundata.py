@@ -147,7 +147,9 @@ def _sink_layer(res: Result):
   if not f:
     return None
   layer = int(np.argmax([-1.0 if x is None else x for x in f]))
-  return f'L{layer}' if f[layer] is not None and f[layer] >= SINK_F_ATTN else 'none'
+  named = (res.report or {}).get('attention_layers')   # a hybrid: f_attn is per attention layer
+  name = named[layer] if named and len(named) == len(f) else layer
+  return f'L{name}' if f[layer] is not None and f[layer] >= SINK_F_ATTN else 'none'
 
 
 def formed_at(rows: list[dict], threshold: float) -> int | None:
@@ -180,6 +182,9 @@ METRICS = {
     'm_act_mean': ('M-Act', from_report('m_act_mean'), '.1f'),
     'm_act_layers': ('M-Act per layer', from_report('m_act', lambda m: m['ffn_residual']), '.0f'),
     'gate_score_mean': ('gate score', from_report('gate_score_mean'), '.3f'),
+    # a hybrid's Gated DeltaNet layers: the mean of their output gate SiLU(z) (analysis/metrics.py)
+    'linear_gate_score': ('DeltaNet output gate SiLU(z)', from_report('linear_gate_score_mean'),
+                          '.3f'),
     # the gate's sparsity: the share of gate scores below 0.1 (Qiu et al. 2025, Fig. 3)
     'gate_sparse': (f'gate scores {metrics_lib.GATE_FRAC_KEY.replace("frac_below_", "< ")}',
                     from_report('gate', lambda g: g.get(f'{metrics_lib.GATE_FRAC_KEY}_mean')),

@@ -29,6 +29,10 @@ DEFINITIONS = {
     'f_attn': 'attention probability to position 0, mean over heads and queries 1..T-1',
     'm_act_mean': 'mean over layers of max |h| of the layer output (after the FFN residual)',
     'gate_score_mean': 'mean gate score act(XW), averaged over layers',
+    'linear_gate_score_mean': 'a hybrid\'s Gated DeltaNet layers: mean output-gate score '
+                              'SiLU(z), averaged over those layers',
+    'attention_layers': 'a hybrid: the layers (of num_layers) that attend; f_attn, gate and '
+                        'sparsity have one entry per attention layer, m_act one per layer',
     'sparsity': 'SDPA output Y before/after the gate: mean |Y|, fraction |Y| < 1e-2, 1e-3',
     'ppl': 'exp(mean token cross-entropy) on the held-out batches',
     'stability': 'loss spikes, skipped non-finite steps and rollbacks of the training run '
@@ -62,7 +66,8 @@ def options(config, overrides: dict, given: dict | None, saved=None) -> dict:
 
 def map_layers(spec, num_layers: int) -> list[int]:
   """The layers whose attention maps are drawn: `spec` ('0,-1', a list, or '': first, middle,
-  last)."""
+  last), counted over the attention layers (`num_layers` of them; a hybrid's report names their
+  model layers in attention_layers)."""
   if spec in ('', None):
     return sorted({0, num_layers // 2, num_layers - 1})
   items = spec.split(',') if isinstance(spec, str) else list(spec)
@@ -94,12 +99,19 @@ def build_report(result, cfg, workdir, step, tokenizer, map_layers_spec, metrics
   if single:
     for w in report['m_act_where'].values():
       w['token_text'] = token_labels(tokenizer, w['token_id'])
+  num_attention = len(report['f_attn'])   # the attention layers (every layer but a hybrid's)
+  types = list(cfg.model.get('layer_types') or ())
+  if types:                # a hybrid: which layers the attention statistics are of
+    report.update(num_layers=len(types), layer_types=types,
+                  attention_layers=[i for i, t in enumerate(types) if t == 'full_attention'],
+                  linear_attention_layers=[i for i, t in enumerate(types)
+                                           if t == 'linear_attention'])
   report.update(
       workdir=storage.abspath(workdir), step=step, variant=cfg.get('variant', ''),
       scale=cfg.get('scale', ''), gate_spec=cfg.model.gate.to_dict(),
       seq_len=int(cfg.data.seq_len), batch_size=int(cfg.train.batch_size),
       tokenizer=tokenizer.name,
-      attn_map_layers=map_layers(map_layers_spec, report['num_layers']),
+      attn_map_layers=map_layers(map_layers_spec, num_attention),
       stability=metrics.stability(metrics_rows),
       definitions=DEFINITIONS)
   return report
@@ -115,12 +127,14 @@ def write(report, result, tokenizer, out_dir, *, report_file: str, single: bool 
              'sparsity.png': plots.sparsity_figure(report)}
   if report['gate'] is not None:
     figures['gate.png'] = plots.gate_figure(report)
+  if report.get('linear_gate') is not None:
+    figures['linear_gate.png'] = plots.linear_gate_figure(report)
   maps = np.asarray(result.stats['attn_map'])
   n = maps.shape[-1]
   tokens = result.inputs[0][0, :n] if single else np.zeros(0, np.int32)
   labels = token_labels(tokenizer, tokens) if single else None
   figures['attention_maps.png'] = plots.attention_maps_figure(
-      maps, report['attn_map_layers'], labels,
+      maps, report['attn_map_layers'], labels, names=report.get('attention_layers'),
       title=f'{title}: head-averaged attention, held-out sample 0')
   for name, fig in figures.items():
     plots.save(fig, storage.join(out_dir, name))

@@ -11,6 +11,11 @@ stacked to [L, ...] by the scan):
   m_act           {site: {max: [L], where: [L, 3] = (sample, token, channel), median: [L]}}
                   for the sites attn_out, attn_residual, ffn_out, ffn_residual (median: of |h|
                   over every element of the batch)
+In a hybrid (config.model.layer_types: Gated DeltaNet and attention layers) the attention
+statistics (f_attn_H, attn_map, gate, sdpa_*) have one row per attention layer, in layer order,
+m_act one per layer, and the DeltaNet layers add, one row each:
+  linear_gate     {mean, abs_mean, frac_abs_below_0.1: [Ll], hist: [Ll, bins]}: their output
+                  gate SiLU(z) (model/deltanet.py summarize_output_gate)
 
 `pool` combines batches exactly: averages weighted by how many values each batch averaged over
 (so pooled == the statistic of all batches concatenated), histograms summed, M-Act maxima taken
@@ -29,6 +34,7 @@ M_ACT_SITES = ('attn_out', 'attn_residual', 'ffn_out', 'ffn_residual')
 M_ACT_PAPER_SITE = 'ffn_residual'
 SPARSITY_KEYS = ('abs_mean', 'frac_below_1e-2', 'frac_below_1e-3')
 GATE_FRAC_KEY = 'frac_below_0.1'
+LINEAR_GATE_FRAC_KEY = 'frac_abs_below_0.1'
 
 
 def _np(tree):
@@ -75,11 +81,11 @@ def pool(batches: list[dict], shapes: list[tuple[int, int]] | None = None) -> di
     if key in first:
       out[key] = {k: _weighted_mean([b[key][k] for b in batches], token_w)
                   for k in first[key]}
-  if 'gate' in first:
-    # hist holds fractions of each batch's scores: the weighted mean of fractions is the
-    # fraction of the summed counts.
-    out['gate'] = {k: _weighted_mean([b['gate'][k] for b in batches], token_w)
-                   for k in first['gate']}
+  for key in ('gate', 'linear_gate'):
+    if key in first:
+      # hist holds fractions of each batch's scores: the weighted mean of fractions is the
+      # fraction of the summed counts.
+      out[key] = {k: _weighted_mean([b[key][k] for b in batches], token_w) for k in first[key]}
   m_act = {}
   for site in first.get('m_act', {}):
     maxes = np.stack([np.asarray(b['m_act'][site]['max'], np.float64) for b in batches])  # [n, L]
@@ -136,6 +142,8 @@ def report(pooled: dict, *, loss: float | None, tokens: float | None = None,
   m_act_mean_by_site, m_act_where {site: per-layer {sequence, token, channel[, token_id]}};
   gate_score_mean (None without a gate), gate (per-layer mean, frac_below_0.1, hist; None
   without a gate); sparsity {pre_gate, post_gate: per-layer lists and their means over layers};
+  a hybrid's linear_gate (per DeltaNet layer: mean, abs_mean, frac_abs_below_0.1 of SiLU(z),
+  their means over layers, hist) and linear_gate_score_mean;
   loss and ppl (exp of the mean token cross-entropy).
 
   `batch_size` converts (batch, sample) of the M-Act location into a sequence index over all
@@ -161,6 +169,13 @@ def report(pooled: dict, *, loss: float | None, tokens: float | None = None,
   else:
     out['gate_score_mean'] = None
     out['gate'] = None
+  linear = pooled.get('linear_gate')
+  if linear is not None:    # a hybrid's DeltaNet layers: their output gate SiLU(z)
+    keys = ('mean', 'abs_mean', LINEAR_GATE_FRAC_KEY)
+    out['linear_gate'] = dict({k: _floats(linear[k]) for k in keys},
+                              **{f'{k}_mean': _float(np.mean(linear[k])) for k in keys},
+                              hist=[_floats(row) for row in np.asarray(linear['hist'])])
+    out['linear_gate_score_mean'] = _float(np.mean(linear['mean']))
   sparsity = {}
   for name, key in (('pre_gate', 'sdpa_pre_gate'), ('post_gate', 'sdpa_post_gate')):
     if key in pooled:

@@ -14,6 +14,7 @@ from matplotlib.ticker import MaxNLocator
 
 from gated_attention import storage
 from gated_attention.analysis import metrics
+from gated_attention.model import gating
 
 SITE_LABELS = {'attn_out': 'attention output', 'attn_residual': 'after attention residual',
                'ffn_out': 'FFN output', 'ffn_residual': 'after FFN residual (layer output)'}
@@ -47,8 +48,11 @@ def save(fig: Figure, path: str) -> str:
   return path
 
 
-def _layers(n):
-  return np.arange(n)
+def _layers(n, report: dict | None = None):
+  """The model layers of `n` per-layer values: 0 .. n-1, or a hybrid's attention layers when the
+  values are per attention layer (report['attention_layers'])."""
+  named = (report or {}).get('attention_layers')
+  return np.asarray(named) if named is not None and len(named) == n else np.arange(n)
 
 
 def _integer_ticks(ax, *axes):
@@ -61,7 +65,7 @@ def f_attn_figure(report: dict, title: str = '') -> Figure:
   fig = _figure(10, 3.6)
   ax, ax_h = fig.subplots(1, 2, width_ratios=[1.2, 1])
   f = np.asarray(report['f_attn'], float)
-  ax.bar(_layers(len(f)), f, color='tab:blue')
+  ax.bar(_layers(len(f), report), f, color='tab:blue')
   ax.axhline(report['f_attn_mean'], color='k', ls='--', lw=1,
              label=f'mean {report["f_attn_mean"]:.3f}')
   ax.set(xlabel='layer', ylabel='F-Attn (attention to token 0)', ylim=(0, 1),
@@ -105,10 +109,35 @@ def gate_figure(report: dict, title: str = '') -> Figure:
   _integer_ticks(ax_h, 'y')
   fig.colorbar(im, ax=ax_h)
   n = len(gate['mean'])
-  ax_m.plot(_layers(n), gate['mean'], marker='o', label='mean')
-  ax_m.plot(_layers(n), gate[metrics.GATE_FRAC_KEY], marker='s', label='fraction < 0.1')
+  ax_m.plot(_layers(n, report), gate['mean'], marker='o', label='mean')
+  ax_m.plot(_layers(n, report), gate[metrics.GATE_FRAC_KEY], marker='s', label='fraction < 0.1')
   ax_m.set(xlabel='layer', ylim=(0, 1),
            title=title or f'gate score (mean over layers {report["gate_score_mean"]:.3f})')
+  ax_m.legend()
+  _integer_ticks(ax_m, 'x')
+  return fig
+
+
+def linear_gate_figure(report: dict, title: str = '') -> Figure:
+  """A hybrid's Gated DeltaNet layers: the output gate SiLU(z) per layer, its histogram
+  (heatmap) and its mean, mean |.| and share below 0.1 in magnitude."""
+  gate = report['linear_gate']
+  layers = np.asarray(report.get('linear_attention_layers') or range(len(gate['mean'])))
+  fig = _figure(10, 3.6)
+  ax_h, ax_m = fig.subplots(1, 2)
+  hist = np.asarray(gate['hist'], float)
+  lo, hi = gating.HIST_RANGE['silu']
+  im = ax_h.imshow(hist, aspect='auto', cmap='magma', interpolation='nearest',
+                   extent=(lo, hi, hist.shape[0] - 0.5, -0.5))
+  ax_h.set(xlabel='SiLU(z)', ylabel='DeltaNet layer (in order)',
+           title='output-gate histogram (fraction)')
+  _integer_ticks(ax_h, 'y')
+  fig.colorbar(im, ax=ax_h)
+  ax_m.plot(layers, gate['mean'], marker='o', label='mean')
+  ax_m.plot(layers, gate['abs_mean'], marker='^', label='mean |.|')
+  ax_m.plot(layers, gate[metrics.LINEAR_GATE_FRAC_KEY], marker='s', label='fraction |.| < 0.1')
+  ax_m.set(xlabel='layer', title=title or 'Gated DeltaNet output gate SiLU(z) (mean over '
+           f'layers {report["linear_gate_score_mean"]:.3f})')
   ax_m.legend()
   _integer_ticks(ax_m, 'x')
   return fig
@@ -124,9 +153,10 @@ def sparsity_figure(report: dict, title: str = '') -> Figure:
       continue
     s = sp[name]
     n = len(s['abs_mean'])
-    ax_a.plot(_layers(n), s['abs_mean'], ls=style, marker='o', label=name.replace('_', ' '))
+    ax_a.plot(_layers(n, report), s['abs_mean'], ls=style, marker='o',
+              label=name.replace('_', ' '))
     for key, color in (('frac_below_1e-2', 'tab:orange'), ('frac_below_1e-3', 'tab:green')):
-      ax_f.plot(_layers(n), s[key], ls=style, marker='o', color=color,
+      ax_f.plot(_layers(n, report), s[key], ls=style, marker='o', color=color,
                 label=f'{name.replace("_", " ")}: {key.replace("frac_below_", "< ")}')
   ax_a.set(xlabel='layer', ylabel='mean |Y|', title=title or 'SDPA output magnitude')
   ax_a.legend()
@@ -137,8 +167,9 @@ def sparsity_figure(report: dict, title: str = '') -> Figure:
   return fig
 
 
-def attention_maps_figure(maps, layers, labels=None, title: str = '') -> Figure:
-  """Head-averaged attention maps (query rows, key columns) of `layers`; maps is [L, n, n]."""
+def attention_maps_figure(maps, layers, labels=None, title: str = '', names=None) -> Figure:
+  """Head-averaged attention maps (query rows, key columns) of `layers`; maps is [L, n, n];
+  `names`: the model layer of each map (a hybrid's attention layers), default its index."""
   maps = np.asarray(maps, float)
   layers = list(layers)
   n = maps.shape[-1]
@@ -149,7 +180,8 @@ def attention_maps_figure(maps, layers, labels=None, title: str = '') -> Figure:
   im = None
   for ax, layer in zip(axes, layers):
     im = ax.imshow(maps[layer], cmap='viridis', vmin=0, vmax=1, interpolation='nearest')
-    ax.set(title=f'layer {layer}', xlabel='key', ylabel='query')
+    ax.set(title=f'layer {layer if names is None else names[layer]}', xlabel='key',
+           ylabel='query')
     if show_labels:
       ax.set_xticks(range(n), list(labels)[:n], rotation=90, fontsize=7)
       ax.set_yticks(range(n), list(labels)[:n], fontsize=7)

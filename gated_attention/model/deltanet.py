@@ -58,6 +58,9 @@ a matter of slicing in runs/hf/:
     A_log, dt_bias [Hv]                                      <- A_log, dt_bias
     norm.scale [dv]  (the gated RMSNorm's plain weight, w, not 1 + w)   <- norm.weight
     wo [Hv, dv, D]                                           <- out_proj.weight [D, Hv dv]
+Analysis (`inspect`, analysis/metrics.py): the layer sows `linear_gate`, the output gate SiLU(z)'s
+mean, mean |.|, share below 0.1 in magnitude and histogram (`summarize_output_gate`), beside the
+attention layers' gate scores.
 Logical axes: key heads 'kv_heads', value heads 'heads' (both over the `tensor` mesh axis under
 fsdp_tensor: value head j and its key head j // G sit on the same shard), dims 'head_dim'.
 Initialisation as the authors' (flash-linear-attention): A ~ U(0, 16) (kept above 0.01),
@@ -74,6 +77,7 @@ from flax import nnx
 
 from gated_attention import sharding
 from gated_attention.errors import ConfigError
+from gated_attention.model import gating
 from gated_attention.model.layers import Inspectable, param, project, project_in
 
 IMPLS = ('chunked', 'recurrent')
@@ -344,6 +348,18 @@ class GatedRMSNorm(nnx.Module):
     return normed * self.scale[...] * jax.nn.silu(z.astype(jnp.float32))
 
 
+def summarize_output_gate(z: jax.Array) -> dict:
+  """The analysis's view of the output gate SiLU(z) (analysis/metrics.py `linear_gate`): its mean,
+  mean |SiLU(z)|, the share with |SiLU(z)| < 0.1 (nearly closed) and a histogram over
+  gating.HIST_RANGE['silu'] (fractions; values outside clipped in)."""
+  s = jax.nn.silu(z.astype(jnp.float32))
+  lo, hi = gating.HIST_RANGE['silu']
+  hist, _ = jnp.histogram(jnp.clip(s, lo, hi), bins=gating.HIST_BINS, range=(lo, hi))
+  return {'mean': jnp.mean(s), 'abs_mean': jnp.mean(jnp.abs(s)),
+          'frac_abs_below_0.1': jnp.mean(jnp.abs(s) < 0.1),
+          'hist': hist.astype(jnp.float32) / s.size}
+
+
 def _uniform(rngs, shape, lo, hi, axes):
   return nnx.Param(jax.random.uniform(rngs.params(), shape, jnp.float32, lo, hi),
                    logical_axes=axes)
@@ -419,6 +435,8 @@ class GatedDeltaNet(Inspectable, nnx.Module):
     if new_cache is not None:
       new_cache['state'] = state
     y = self.norm(o, z)
+    if self.inspect:   # the output gate's scores, as the analysis reports the attention gate's
+      self.sow(nnx.Intermediate, 'linear_gate', summarize_output_gate(z))
     out = project_in(y.astype(dt), self.wo[...].astype(dt))
     return out, new_cache
 

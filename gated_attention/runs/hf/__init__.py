@@ -18,10 +18,9 @@ Refusals are HFFormatError / HFExportError (UserError): they name the field, and
 anything is read or written.
 """
 
-from gated_attention.runs.hf.convert import (DEFAULT_MAX_SHARD_BYTES, EXPORT_DTYPES, load_hf,
-                                        read_hf_config, save_hf)
+from gated_attention.runs.hf.convert import (DEFAULT_MAX_SHARD_BYTES, EXPORT_DTYPES,
+                                             check_exportable, load_hf, read_hf_config, save_hf)
 from gated_attention.runs.hf.errors import HFExportError, HFFormatError
-from gated_attention.runs.hf.hf_config import check_exportable
 
 __all__ = ['DEFAULT_MAX_SHARD_BYTES', 'EXPORT_DTYPES', 'HFExportError', 'HFFormatError',
            'check_exportable', 'load_hf', 'read_hf_config', 'save_hf']

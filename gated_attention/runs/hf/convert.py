@@ -15,7 +15,8 @@ import tempfile
 import numpy as np
 
 from gated_attention import storage
-from gated_attention.runs.hf import hf_config, layout, safetensors_io
+from gated_attention.runs.hf import (hf_config, hybrid_config, hybrid_layout, layout,
+                                     safetensors_io)
 from gated_attention.runs.hf.errors import HFExportError, HFFormatError
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9        # transformers' save_pretrained default ("5GB")
@@ -38,8 +39,9 @@ def _read_json(path: str, required: bool) -> dict:
     raise HFFormatError(f'{path} is not valid JSON ({e}).') from e
 
 
-def read_hf_config(model_dir: str, *, compute_dtype: str = 'float32'):
-  """The run config of a HF directory (validates config.json; reads no weights)."""
+def _read_configs(model_dir: str) -> tuple[dict, dict]:
+  """(config.json, generation_config.json or {}) of a HF directory, each checked to be an
+  object."""
   hf = _read_json(os.path.join(model_dir, 'config.json'), required=True)
   gen = _read_json(os.path.join(model_dir, 'generation_config.json'), required=False)
   for name, value in (('config.json', hf), ('generation_config.json', gen)):
@@ -47,17 +49,26 @@ def read_hf_config(model_dir: str, *, compute_dtype: str = 'float32'):
       raise HFFormatError(f'{os.path.join(model_dir, name)} holds a JSON '
                           f'{type(value).__name__}, not an object of settings; is it the right '
                           'file?')
+  return hf, gen
+
+
+def read_hf_config(model_dir: str, *, compute_dtype: str = 'float32'):
+  """The run config of a HF directory (validates config.json; reads no weights): Qwen3 and the
+  authors' gated Qwen3 (hf_config.py), or a Qwen3-Next / Qwen3.5 hybrid (hybrid_config.py)."""
+  hf, gen = _read_configs(model_dir)
+  if hybrid_config.is_hybrid(hf):
+    return hybrid_config.run_config(hf, model_dir, hybrid_config.dims_from_hf(hf),
+                                    compute_dtype=compute_dtype, generation_config=gen)
   return hf_config.run_config(hf, model_dir, compute_dtype=compute_dtype, generation_config=gen)
 
 
-def _check_tensors(dims: layout.Dims, files: dict):
-  """Every expected tensor present with its shape, and nothing else, before reading any data."""
-  expected = {e.name: e.shape for e in layout.entries(dims)}
+def _check_tensors(expected: dict, files: dict, ignored):
+  """Every expected tensor ({name: shape}) present with its shape, and nothing else but what
+  `ignored(name)` accepts, before reading any data."""
   missing = sorted(set(expected) - set(files))
   if missing:
     raise HFFormatError(f'the checkpoint lacks {len(missing)} tensor(s) that config.json implies, '
                         f'e.g. {missing[:3]}; are config.json and the weights from one model?')
-  ignored = lambda n: n.endswith(layout.IGNORED_SUFFIXES) or (dims.tied and n == 'lm_head.weight')
   extra = sorted(n for n in set(files) - set(expected) if not ignored(n))
   if extra:
     why = ('biases are not supported' if any(n.endswith('.bias') for n in extra)
@@ -71,18 +82,38 @@ def _check_tensors(dims: layout.Dims, files: dict):
 
 
 def load_hf(model_dir: str, *, compute_dtype: str = 'float32') -> tuple:
-  """(run config, parameters) of a local HF Qwen3 / gated-Qwen3 directory. The parameters are
-  a nested dict of float32 numpy arrays laid out as `nnx.to_pure_dict(nnx.state(Transformer))`.
-  Everything is validated before the first weight is read."""
+  """(run config, parameters) of a local HF directory: Qwen3 / the authors' gated Qwen3, or a
+  Qwen3-Next / Qwen3.5 hybrid (text or multimodal release: the language model alone; what was
+  left is named in config.hf.skipped). The parameters are a nested dict of float32 numpy arrays
+  laid out as `nnx.to_pure_dict(nnx.state(Transformer))`. Everything is validated before the
+  first weight is read."""
   config = read_hf_config(model_dir, compute_dtype=compute_dtype)
-  dims = hf_config.dims_from_hf(json.loads(config.hf.config_json))
+  hf = json.loads(config.hf.config_json)
   files = safetensors_io.open_checkpoint(model_dir)
-  _check_tensors(dims, files)
-  return config, layout.to_params(dims, lambda name: files[name].get(name))
+  read = lambda name: files[name].get(name)  # noqa: E731
+  if hybrid_config.is_hybrid(hf):
+    fused = any(n.endswith('.mlp.experts.gate_up_proj') for n in files)
+    dims = hybrid_config.dims_from_hf(hf, fused_experts=fused)
+    table = hybrid_layout.entries(dims)
+    skipped = hybrid_layout.skipped(files, dims)
+    _check_tensors({e.name: e.shape for e in table}, files,
+                   lambda n: hybrid_layout.is_skipped(n, dims)
+                   or (dims.tied and n == 'lm_head.weight'))
+    if skipped:
+      config.hf.skipped = ('Not imported (the project models the language model): ' + ', '.join(
+          f'{count} tensor(s) of {what}' for what, count in sorted(skipped.items())) + '.')
+    return config, hybrid_layout.to_params(table, read)
+  dims = hf_config.dims_from_hf(hf)
+  table = layout.entries(dims)
+  _check_tensors({e.name: e.shape for e in table}, files,
+                 lambda n: n.endswith(layout.IGNORED_SUFFIXES)
+                 or (dims.tied and n == 'lm_head.weight'))
+  return config, layout.to_params(dims, read)
 
 
-def _check_params(dims: layout.Dims, params: dict):
-  want = {'.'.join(p): s for p, s in layout.param_shapes(dims).items()}
+def _check_params(want: dict, params: dict):
+  """`params` has exactly the parameters of `want` ({path tuple: shape}), with their shapes."""
+  want = {'.'.join(p): tuple(s) for p, s in want.items()}
   have = {}
 
   def walk(tree, prefix):
@@ -98,6 +129,15 @@ def _check_params(dims: layout.Dims, params: dict):
     raise HFExportError(f'the parameters do not match the config at {diff[:4]}: '
                         f'have {[have.get(k) for k in diff[:4]]}, expected '
                         f'{[want.get(k) for k in diff[:4]]}.')
+
+
+def check_exportable(config):
+  """Refuses (HFExportError, naming the config field) what no HF model class computes: a
+  hybrid's (hybrid_config.py) or a Qwen3 run's (hf_config.py) rules."""
+  if hybrid_config.is_hybrid_run(config):
+    hybrid_config.check_exportable(config)
+  else:
+    hf_config.check_exportable(config)
 
 
 def _tokenizer_files(config, tokenizer_dir: str | None) -> list[tuple[str, str]]:
@@ -137,18 +177,17 @@ def check_out_dir(out_dir: str):
     raise HFExportError(str(e)) from e
 
 
-def _write_weights(tmp: str, dims: layout.Dims, params: dict, dtype, max_shard_bytes: int):
-  """model.safetensors, or model-0000i-of-0000n.safetensors + the index above the limit."""
-  entries = layout.entries(dims)
-  plan = [(e.name, int(np.prod(e.shape)) * dtype.itemsize) for e in entries]
+def _write_weights(tmp: str, table: list, tensor, dtype, max_shard_bytes: int):
+  """model.safetensors, or model-0000i-of-0000n.safetensors + the index above the limit;
+  `table`: the entries to write, in order; `tensor(entry)`: its array."""
+  plan = [(e.name, int(np.prod(e.shape)) * dtype.itemsize) for e in table]
   shards = safetensors_io.plan_shards(plan, max_shard_bytes)
-  by_name = {e.name: e for e in entries}
+  by_name = {e.name: e for e in table}
   names = ([safetensors_io.SINGLE_FILE] if len(shards) == 1 else
            [f'model-{i + 1:05d}-of-{len(shards):05d}.safetensors' for i in range(len(shards))])
   total, weight_map = 0, {}
   for fname, shard in zip(names, shards):
-    tensors = [(n, by_name[n].shape, dtype,
-                lambda e=by_name[n]: layout.from_params(dims, params, e)) for n in shard]
+    tensors = [(n, by_name[n].shape, dtype, lambda e=by_name[n]: tensor(e)) for n in shard]
     total += safetensors_io.write_file(os.path.join(tmp, fname), tensors, {'format': 'pt'})
     weight_map.update({n: fname for n in shard})
   if len(shards) > 1:
@@ -248,14 +287,23 @@ def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
   (_put_bos_first), for parameters trained here, on documents that start with BOS; default: a
   run trained here (no `config.hf`), not an import, whose tokenizer behaves as its source's. Everything is validated before anything is written; the directory appears whole
   (written beside it, then renamed). Returns {'format', 'files'}."""
-  hf_config.check_exportable(config)
+  check_exportable(config)
   if dtype not in EXPORT_DTYPES:
     raise HFExportError(f'dtype={dtype!r} is not one of {", ".join(EXPORT_DTYPES)}.')
-  dims = hf_config.dims_from_run(config, params)
-  _check_params(dims, params)
+  hybrid = hybrid_config.is_hybrid_run(config)
+  if hybrid:
+    dims = hybrid_config.dims_from_run(config, params)
+    table = hybrid_layout.entries(dims)
+    _check_params(hybrid_layout.param_shapes(table), params)
+    tensor = lambda e: hybrid_layout.from_params(params, e)  # noqa: E731
+  else:
+    dims = hf_config.dims_from_run(config, params)
+    table = layout.entries(dims)
+    _check_params(layout.param_shapes(dims), params)
+    tensor = lambda e: layout.from_params(dims, params, e)  # noqa: E731
   tokenizer = _tokenizer_files(config, tokenizer_dir)
   code = []
-  if remote_code_dir is not None and dims.gate != 'none':
+  if remote_code_dir is not None and not hybrid and dims.gate != 'none':
     code = [(os.path.join(remote_code_dir, f), f) for f in REMOTE_CODE_FILES]
     missing = [p for p, _ in code if not os.path.isfile(p)]
     if missing:
@@ -264,15 +312,17 @@ def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
   _check_out_dir(out_dir)
   byte_tokenizer = _writes_byte_tokenizer(config, tokenizer_dir)
   bos = _bos(config, tokenizer, byte_tokenizer)
-  cfg = hf_config.hf_config(config, dims, dtype, bos_id=None if bos is None else bos[1])
+  bos_id = None if bos is None else bos[1]
+  cfg = (hybrid_config.hf_config_json(config, dims, dtype, bos_id=bos_id) if hybrid
+         else hf_config.hf_config(config, dims, dtype, bos_id=bos_id))
   parent = os.path.dirname(out_dir)
   tmp = None
   try:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + '.partial-', dir=parent)
     os.chmod(tmp, 0o755)
-    _write_weights(tmp, dims, params, safetensors_io.DTYPES['BF16' if dtype == 'bfloat16'
-                                                            else 'F32'], max_shard_bytes)
+    _write_weights(tmp, table, tensor, safetensors_io.DTYPES['BF16' if dtype == 'bfloat16'
+                                                             else 'F32'], max_shard_bytes)
     _write_json(os.path.join(tmp, 'config.json'), cfg)
     _write_json(os.path.join(tmp, 'generation_config.json'),
                 hf_config.generation_config(config, cfg))
@@ -301,5 +351,7 @@ def save_hf(config, params: dict, out_dir: str, *, dtype: str = 'float32',
     if tmp:
       shutil.rmtree(tmp, ignore_errors=True)
     raise
-  return {'format': 'qwen3' if dims.gate == 'none' else f'authors_gated_qwen3_{dims.gate}',
+  fmt = (dims.family if hybrid else 'qwen3' if dims.gate == 'none'
+         else f'authors_gated_qwen3_{dims.gate}')
+  return {'format': fmt,
           'files': sorted(os.listdir(out_dir))}

@@ -127,9 +127,11 @@ def check_hf(hf: dict):
   """Refuses what the project cannot represent, naming the config.json field."""
   mt = hf.get('model_type')
   if mt != 'qwen3':
-    why = ('Mixture-of-Experts checkpoints are not supported' if 'moe' in str(mt).lower()
-           else 'only qwen3 (stock Qwen3, or the authors\' gated Qwen3) is supported')
-    _refuse('model_type', mt, f'{why}; import a Qwen3 dense model directory.')
+    why = ('Mixture-of-Experts checkpoints of this type are not supported'
+           if 'moe' in str(mt).lower() else 'this model type is not supported')
+    _refuse('model_type', mt, f'{why}; import qwen3 (stock Qwen3, or the authors\' gated '
+            'Qwen3), or a hybrid: qwen3_next, qwen3_5_text, qwen3_5_moe_text, or a qwen3_5 / '
+            'qwen3_5_moe release.')
   archs = hf.get('architectures') or [ARCHITECTURE]
   if archs != [ARCHITECTURE]:
     _refuse('architectures', archs, f'only {ARCHITECTURE} checkpoints (decoder + LM head) '
@@ -197,7 +199,8 @@ def scale_of_run(config) -> str:
   section), whose model is compared with the scales' (imports written before config.scale said
   so recorded 'tiny', the config they started from): its scale, or 'imported' when none has
   its architecture."""
-  if 'hf' not in config or config.model.get('moe', {}).get('num_experts', 0):
+  if ('hf' not in config or config.model.get('moe', {}).get('num_experts', 0)
+      or config.model.get('layer_types')):     # a hybrid import names its scale itself
     return config.scale
   m = config.model
   return _scale_of({f: m[f] for f in _SCALE_FIELDS.values()}) or IMPORTED_SCALE

@@ -22,7 +22,7 @@ from gated_attention import storage
 from gated_attention.errors import CheckpointError
 from gated_attention.runs import checkpoint as ckpt_lib
 from gated_attention.runs import rundir
-from gated_attention.runs.hf import convert, hf_config
+from gated_attention.runs.hf import convert
 
 IMPORT_STEP = 0
 
@@ -109,7 +109,7 @@ def export_run(workdir: str, out_dir: str, *, step: int | None = None, dtype: st
   the checkpoint is read."""
   t0 = time.time()
   config = rundir.read_config(workdir)
-  hf_config.check_exportable(config)
+  convert.check_exportable(config)
   convert.check_out_dir(out_dir)   # before the checkpoint is read: an --out that cannot be written
   run = rundir.load_run(workdir, step, config=config)
   step, params = run.step, jax.device_get(run.params)
