@@ -95,8 +95,9 @@ def config_differences(saved: dict, current: dict) -> list[str]:
   them: a tuple read back from config.json, model.layer_types, equals the list it was saved as)."""
   saved, current = json.loads(json.dumps(saved)), json.loads(json.dumps(current))
   diffs = []
-  def fixed(model):
-    return {k: v for k, v in _flatten(model).items() if k.split('.')[0] not in MODEL_FREE}
+  def fixed(model):   # a tuple (model.layer_types) reads back from JSON as a list: the same value
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in _flatten(model).items()
+            if k.split('.')[0] not in MODEL_FREE}
   saved_m, cur_m = fixed(saved.get('model', {})), fixed(current['model'])
   for k in sorted(set(saved_m) | set(cur_m)):
     if saved_m.get(k) != cur_m.get(k):
