@@ -18,16 +18,17 @@ from experiments import rundata, stats
 METRIC = 'val_loss'
 
 
-def _values(rs) -> dict:
-  """seed -> the metric of each finished run of one group (None where not analysed)."""
-  get = rundata.METRICS[METRIC][1]
+def _values(rs, metric: str = METRIC) -> dict:
+  """seed -> `metric` of each finished run of one group (None where not analysed)."""
+  get = rundata.METRICS[metric][1]
   return {r.run.seed: get(r) for r in rs if r.status == 'done'}
 
 
-def differences(experiment, results) -> dict:
+def differences(experiment, results, metric: str = METRIC) -> dict:
   """Per group other than the reference's (at the same point): `variant`, `params` (non-embedding
-  parameters of a finished run, when read), `diff` (stats.paired of reference minus variant),
-  `detectable` (stats.t_detectable of its sd and n), `paper` (PAPER's value or None)."""
+  parameters of a finished run, when read), `diff` (stats.paired of reference minus variant, of
+  `metric`: the validation loss, or another of PAIRED_METRICS), `detectable` (stats.t_detectable
+  of its sd and n), `paper` (PAPER's value or None; the paper's numbers are losses)."""
   groups = rundata.by_group(experiment, results)
   ref = experiment.paired
   out = {}
@@ -37,8 +38,9 @@ def differences(experiment, results) -> dict:
     base = groups.get(ref + point)
     if variant == ref or base is None:
       continue
-    d = stats.paired(_values(base), _values(rs))
-    out[group] = {'variant': variant, 'diff': d, 'paper': experiment.paper.get(variant),
+    d = stats.paired(_values(base, metric), _values(rs, metric))
+    paper = experiment.paper.get(variant) if metric == METRIC else None
+    out[group] = {'variant': variant, 'diff': d, 'paper': paper,
                   'detectable': (stats.t_detectable(d['sd'], d['n'])
                                  if d and d['sd'] else None)}
   return out
@@ -85,6 +87,9 @@ def table(experiment, results) -> str:
     detectable = '-' if d['detectable'] is None else format(d['detectable'], '.3f')
     lines.append(f'| {group} | {diff["mean"]:+.3f}{interval} | {p} | {diff["lower"]}/{diff["n"]} '
                  f'| {detectable} | {_signed(d["paper"], ".3f")} |')
+  for metric in experiment.paired_metrics:
+    if metric != METRIC:
+      lines += ['', _metric_table(experiment, results, metric)]
   a = agreement(diffs)
   if a is not None:
     lines += ['', f'Rank agreement with the paper over the {len(a["variants"])} variants it '
@@ -94,6 +99,31 @@ def table(experiment, results) -> str:
   return '\n'.join(lines)
 
 
+def _metric_table(experiment, results, metric: str) -> str:
+  """The table of `differences` of another metric than the loss (PAIRED_METRICS)."""
+  ref, heading, fmt = experiment.paired, rundata.METRICS[metric][0], rundata.METRICS[metric][2]
+  lines = [f'{heading} (`{metric}`), each variant against `{ref}` paired by seed: {ref} minus the '
+           'variant (positive: the variant is lower), the mean with its 95% t interval and p, the '
+           'pairs in which the variant is lower, the smallest true difference the t-test finds '
+           'with 80% power:', '',
+           f'| variant | {ref} - variant (95% interval) | p | pairs lower | detectable (80% power) |',
+           '|---|---|---|---|---|']
+  for group, d in differences(experiment, results, metric).items():
+    diff = d['diff']
+    if not diff:
+      lines.append(f'| {group} | - | - | - | - |')
+      continue
+    interval = ('' if diff['interval'] is None else ' [{}, {}]'.format(
+        *(format(x, '+' + fmt) for x in diff['interval'])))
+    p = '-' if diff['p'] is None else format(diff['p'], '.3f')
+    detectable = '-' if d['detectable'] is None else format(d['detectable'], fmt)
+    lines.append(f'| {group} | {format(diff["mean"], "+" + fmt)}{interval} | {p} | '
+                 f'{diff["lower"]}/{diff["n"]} | {detectable} |')
+  return '\n'.join(lines)
+
+
 def summary(experiment, results) -> dict:
   diffs = differences(experiment, results)
-  return {'differences': diffs, 'agreement': agreement(diffs)}
+  return {'differences': diffs, 'agreement': agreement(diffs),
+          'metrics': {m: differences(experiment, results, m)
+                      for m in experiment.paired_metrics if m != METRIC}}

@@ -35,6 +35,8 @@ An experiment is a Python file under experiments/ with these module-level names:
   PAIRED = 'baseline'                            # optional: each variant's validation loss
                                                  # against this variant's, paired by seed
                                                  # (experiments/paired.py)
+  PAIRED_METRICS = ['val_loss', 'f_attn_max']   # optional, with PAIRED: the metrics compared so
+                                                 # (default the validation loss alone)
   PAPER = {'g1_elementwise': 0.265}              # optional, with PAIRED: the paper's difference
                                                  # (the same sign) per variant, for the rank
                                                  # agreement (Kendall's tau); PAPER_LABEL names it
@@ -122,6 +124,7 @@ class Experiment:
   second_cutoff: float | None = None
   spikes_after_warmup: bool = False
   paired: str | None = None
+  paired_metrics: tuple = ('val_loss',)
   paper: dict = dataclasses.field(default_factory=dict)
   paper_label: str = ''
 
@@ -296,6 +299,23 @@ def _paired(path: str, m, variants) -> tuple[str | None, dict, str]:
   return ref, {k: float(v) for k, v in paper.items()}, str(getattr(m, 'PAPER_LABEL', ''))
 
 
+def _paired_metrics(path: str, m, paired, metrics) -> tuple:
+  """PAIRED_METRICS: metrics (rundata.METRICS, one number a run) compared by seed with PAIRED."""
+  names = getattr(m, 'PAIRED_METRICS', None)
+  if names is None:
+    return ('val_loss',)
+  if paired is None:
+    raise ExperimentError(f'{path}: PAIRED_METRICS is read only with PAIRED (the variant the '
+                          "others are compared with, e.g. PAIRED = 'baseline').")
+  bad = [n for n in names if n not in metrics or metrics[n][2] in ('count', 'mode', 'layer_count')
+         or metrics[n][2].startswith('=')]
+  if not isinstance(names, (list, tuple)) or not names or bad:
+    raise ExperimentError(f'{path}: PAIRED_METRICS must list metrics of one number a run '
+                          f'(experiments/rundata.py METRICS, e.g. val_loss, f_attn_max); '
+                          f'{bad or names!r} are not.')
+  return tuple(names)
+
+
 def _check_long_context(path: str, m):
   labels = dict(getattr(m, 'LONG_CONTEXT', {}))
   for label, overrides in labels.items():
@@ -390,6 +410,7 @@ def load(path: str, known_columns) -> Experiment:
         for seed in seeds:
           runs.append(Run(f'{group}_s{seed}', group, variant, seed, tuple(overrides.items())))
   paired, paper, paper_label = _paired(path, m, variants)
+  paired_metrics = _paired_metrics(path, m, paired, known_columns)
   name = getattr(m, 'NAME', os.path.splitext(os.path.basename(path))[0])
   doc = (m.__doc__ or '').strip()
   return Experiment(name=name, path=path, title=getattr(m, 'TITLE', doc.split('\n')[0] or name),
@@ -405,7 +426,8 @@ def load(path: str, known_columns) -> Experiment:
                     diverged_above=_diverged_above(path, m),
                     second_cutoff=_second_cutoff(path, m),
                     spikes_after_warmup=bool(getattr(m, 'SPIKES_AFTER_WARMUP', False)),
-                    paired=paired, paper=paper, paper_label=paper_label,
+                    paired=paired, paired_metrics=paired_metrics, paper=paper,
+                    paper_label=paper_label,
                     long_context_overrides=dict(getattr(m, 'LONG_CONTEXT_OVERRIDES', {})))
 
 

@@ -475,3 +475,123 @@ def test_export_refuses_what_no_hybrid_class_computes(changes, field, tmp_path):
   with pytest.raises(HFExportError, match=field):
     save_hf(config, _random_params(config), tmp_path / 'out')
   assert not os.path.exists(tmp_path / 'out')
+
+
+def test_cached_generation_of_an_import_equals_transformers_generate(root):
+  """--mode=sample's Generator (the hybrid cache: KV caches, conv and recurrent states, prompts of
+  two lengths right-padded into one batch) continues an imported Qwen3-Next greedily with exactly
+  transformers' generate's tokens."""
+  from gated_attention.inference import generate  # pylint: disable=g-import-not-at-top
+  from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  path, model = _saved('qwen3_next', 2, root)
+  config, params = load_hf(path)
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: model_lib.Transformer(
+      ModelConfig.from_config(config.model), rngs=nnx.Rngs(0))))
+  gen = generate.Generator(nnx.merge(graphdef, _state(config, params)), max_len=32)
+  prompts = [_tokens(5, (1, 5))[0].tolist(), _tokens(9, (1, 9))[0].tolist()]
+  ours = gen.generate(prompts, max_new_tokens=8, temperature=0.0).tokens
+  for prompt, tokens in zip(prompts, ours):
+    with torch.no_grad():
+      out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)),
+                           max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)
+    assert list(tokens) == out[0, len(prompt):].tolist(), (prompt, tokens)
+
+
+# --------------------------------------------------------------------------------------------
+# The paper's questions of a hybrid: the analysis of an import against transformers' own tensors
+# --------------------------------------------------------------------------------------------
+
+def test_analysis_of_an_imported_hybrid_equals_transformers_tensors(root):
+  """inspect (what --mode=analyze pools) of an imported Qwen3.5: F-Attn per head of each attention
+  layer == transformers' attention probabilities (eager, output_attentions), the gate score ==
+  the mean of sigmoid of its q_proj's gate half, the DeltaNet output-gate statistics == SiLU of
+  its in_proj_z output, one row per attention / DeltaNet layer, in layer order."""
+  from gated_attention.model import transformer as model_lib  # pylint: disable=g-import-not-at-top
+  from gated_attention.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  path, model = _saved('qwen3_5', 0, root)
+  config, params = load_hf(path)
+  tokens = _tokens(11, (2, 21))
+  captured = {'gate': [], 'z': []}
+  hooks = []
+  for layer in model.model.layers:
+    if hasattr(layer, 'self_attn'):
+      hooks.append(layer.self_attn.q_proj.register_forward_hook(
+          lambda m, i, o: captured['gate'].append(o.view(*o.shape[:2], -1, 32)[..., 16:])))
+    else:
+      hooks.append(layer.linear_attn.in_proj_z.register_forward_hook(
+          lambda m, i, o: captured['z'].append(o)))
+  model.config._attn_implementation = 'eager'  # pylint: disable=protected-access
+  with torch.no_grad():
+    out = model(torch.tensor(tokens), output_attentions=True)
+  for h in hooks:
+    h.remove()
+  probs = [a.numpy() for a in out.attentions if a is not None]
+  assert len(probs) == 2
+  ref_f_attn = np.stack([p[:, :, 1:, 0].mean(axis=(0, 2)) for p in probs])
+  ref_gate = np.array([torch.sigmoid(g).mean().item() for g in captured['gate']])
+  silu = [torch.nn.functional.silu(z).numpy() for z in captured['z']]
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: model_lib.Transformer(
+      ModelConfig.from_config(config.model), rngs=nnx.Rngs(0))))
+  _, stats = jax.jit(lambda s, t: model_lib.inspect(nnx.merge(graphdef, s), t))(
+      _state(config, params), jnp.asarray(tokens))
+  np.testing.assert_allclose(stats['f_attn_H'], ref_f_attn, atol=1e-5)
+  np.testing.assert_allclose(stats['gate']['mean'], ref_gate, atol=1e-5)
+  np.testing.assert_allclose(stats['linear_gate']['mean'], [s.mean() for s in silu], atol=1e-5)
+  np.testing.assert_allclose(stats['linear_gate']['abs_mean'], [np.abs(s).mean() for s in silu],
+                             atol=1e-5)
+  np.testing.assert_allclose(stats['linear_gate']['frac_abs_below_0.1'],
+                             [(np.abs(s) < 0.1).mean() for s in silu], atol=1e-6)
+  assert stats['m_act']['ffn_residual']['max'].shape == (8,)
+
+
+@pytest.mark.slow
+def test_import_of_a_release_and_its_analysis_from_the_command_line(root, tmp_path):
+  """main.py --mode=import of a multimodal Qwen3.5 MoE release prints what it left in one line;
+  --mode=analyze of the import writes a report per attention layer (layers 3 and 7), the
+  DeltaNet layers' output gate and linear_gate.png."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  release = os.path.join(root, 'qwen3_5_moe_release')
+  if not os.path.isdir(release):
+    test_import_of_a_multimodal_release_reads_the_language_model('qwen3_5_moe', root)
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  run = lambda *args: subprocess.run([sys.executable, 'main.py', *args], cwd=repo,  # noqa: E731
+                                     capture_output=True, text=True, timeout=600)
+  done = run('--mode=import', f'--hf={release}', f'--workdir={tmp_path / "run"}')
+  assert done.returncode == 0, done.stderr[-2000:]
+  line = [l for l in done.stdout.splitlines() if l.startswith('Not imported')]
+  assert len(line) == 1 and 'vision tower' in line[0] and 'multi-token-prediction' in line[0]
+  done = run('--mode=analyze', f'--workdir={tmp_path / "run"}', '--config.data.source=synthetic',
+             '--config.data.task=bigram_backcopy', '--config.data.synthetic.vocab=32',
+             '--config.data.seq_len=32', '--config.train.batch_size=2',
+             '--config.data.val_batches=1')
+  assert done.returncode == 0, done.stderr[-2000:]
+  with open(tmp_path / 'run' / 'analysis' / 'report.json') as f:
+    report = json.load(f)
+  assert report['attention_layers'] == [3, 7] and report['num_layers'] == 8
+  assert len(report['f_attn']) == 2 and len(report['gate']['mean']) == 2
+  assert len(report['linear_gate']['mean']) == 6 and len(report['m_act']['ffn_residual']) == 8
+  assert 'linear_gate.png' in report['figures']
+
+
+def test_import_of_a_hybrid_from_object_storage(root, gcs, tmp_path, capsys):
+  """--mode=import --hf=gs://...: a Qwen3-Next directory (sharded: transformers' index and two
+  files) on object storage imports to the parameters of the local directory's import."""
+  import types  # pylint: disable=g-import-not-at-top
+  from gated_attention import storage  # pylint: disable=g-import-not-at-top
+  from gated_attention.modes import hf_import  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import rundir  # pylint: disable=g-import-not-at-top
+  _, model = _saved('qwen3_next', 1, root)
+  sharded = tmp_path / 'sharded'
+  model.save_pretrained(sharded, max_shard_size='100KB')
+  assert os.path.isfile(sharded / safetensors_io.INDEX_FILE)
+  storage.upload_tree(str(sharded), gcs.url('models/next'))
+  hf_import.main(types.SimpleNamespace(hf=gcs.url('models/next'), workdir=str(tmp_path / 'run'),
+                                       overrides={}))
+  assert json.loads(capsys.readouterr().out.split('\nNote')[0])['source'] == gcs.url(
+      'models/next')
+  _, local = load_hf(sharded)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(
+      rundir.load_run(str(tmp_path / 'run')).params), local)

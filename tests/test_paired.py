@@ -63,3 +63,26 @@ def test_unfinished_seeds_pair_over_what_both_have_and_paper_checks(tmp_path):
   path.write_text(EXPERIMENT + "PAIRED = 'g9'\n")
   with pytest.raises(spec.ExperimentError, match='not in VARIANTS'):
     spec.load(str(path), rundata.METRICS)
+
+
+def test_paired_metrics_compare_another_metric_by_seed(tmp_path):
+  """PAIRED_METRICS: F-Attn (the largest layer's) paired by seed beside the loss, the same
+  statistic (scipy's paired t-test); a metric that is not one number a run is refused."""
+  path = tmp_path / 'pm.py'
+  path.write_text(EXPERIMENT.replace('SEEDS = [0]', 'SEEDS = [0, 1, 2, 3]')
+                  + "PAIRED = 'baseline'\nPAIRED_METRICS = ['val_loss', 'f_attn_max']\n")
+  exp = spec.load(str(path), rundata.METRICS)
+  assert exp.paired_metrics == ('val_loss', 'f_attn_max')
+  f = {'baseline': [0.9, 0.8, 0.85, 0.7], 'g1_elementwise': [0.1, 0.2, 0.05, 0.3]}
+  results = [rundata.Result(r, {'status': 'done'}, {'loss': 1.0, 'f_attn': [f[r.variant][r.seed],
+                                                                             0.01]}, [])
+             for r in exp.runs]
+  d = paired.differences(exp, results, 'f_attn_max')['g1_elementwise']['diff']
+  res = sps.ttest_rel(f['baseline'], f['g1_elementwise'])
+  assert d['mean'] == pytest.approx(np.mean(np.subtract(f['baseline'], f['g1_elementwise'])))
+  assert d['interval'] == pytest.approx(list(res.confidence_interval()))
+  text = paired.table(exp, results)
+  assert 'F-Attn max layer (`f_attn_max`)' in text and '| g1_elementwise | +0.650' in text
+  path.write_text(EXPERIMENT + "PAIRED = 'baseline'\nPAIRED_METRICS = ['sink_layer']\n")
+  with pytest.raises(spec.ExperimentError, match='PAIRED_METRICS'):
+    spec.load(str(path), rundata.METRICS)

@@ -77,6 +77,8 @@ def f_attn_figure(report: dict, title: str = '') -> Figure:
                    interpolation='nearest')
   ax_h.set(xlabel='head', ylabel='layer', title='F-Attn per head')
   _integer_ticks(ax_h, 'x', 'y')
+  if report.get('attention_layers') is not None:   # a hybrid: name each row's model layer
+    ax_h.set_yticks(range(len(f)), [str(i) for i in _layers(len(f), report)])
   fig.colorbar(im, ax=ax_h)
   return fig
 

@@ -3,6 +3,11 @@
   python main.py --mode=import --hf=/data/1B_gate_headwise --workdir=runs/hf_headwise
   python main.py --mode=import --hf=out/g1_hf --workdir=runs/g1_back --config.data.tokenizer=byte
   python main.py --mode=import --hf=gs://b/models/1B_gate_headwise --workdir=gs://b/runs/hw
+  python main.py --mode=import --hf=/data/Qwen3.5-35B-A3B --workdir=runs/qwen3_5_35b_a3b
+
+Qwen3-Next and Qwen3.5 (text or multimodal releases) import as hybrids (runs/hf/hybrid_config.py);
+the tensors an import leaves (a release's vision tower, its multi-token-prediction head) are named
+in one line.
 """
 
 import json
@@ -20,6 +25,8 @@ def main(args):
   else:
     summary = interop.import_run(args.hf, args.workdir, overrides=args.overrides)
   print(json.dumps(summary, indent=1))
+  if summary.get('skipped'):    # a release's vision tower / multi-token-prediction head
+    print(summary['skipped'])
   if summary['tokenizer']:
     print(f'Tokenizer: {summary["tokenizer"]} (data.tokenizer of the run).')
   else:

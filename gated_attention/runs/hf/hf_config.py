@@ -33,7 +33,7 @@ def _refuse(field: str, value, why: str):
   raise HFFormatError(f'config.json: {field}={json.dumps(value)}: {why}')
 
 
-def _rope_params(hf: dict) -> tuple[float, dict]:
+def rope_params(hf: dict) -> tuple[float, dict]:
   """(rope_theta, the rope_scaling dict or {}) from the v4 (rope_theta, rope_scaling) or the v5
   (rope_parameters) spelling."""
   rp = hf.get('rope_parameters')
@@ -49,7 +49,7 @@ def _rope_params(hf: dict) -> tuple[float, dict]:
 
 def rope_from_hf(hf: dict) -> tuple[float, dict]:
   """(rope_base, config.model.rope_scaling) from config.json."""
-  theta, rs = _rope_params(hf)
+  theta, rs = rope_params(hf)
   if float(rs.get('partial_rotary_factor', hf.get('partial_rotary_factor', 1.0))) != 1.0:
     _refuse('partial_rotary_factor', hf.get('partial_rotary_factor', rs.get(
         'partial_rotary_factor')), 'RoPE on part of head_dim is not supported.')
@@ -293,7 +293,7 @@ def dims_from_run(config, params) -> Dims:
               F=F, V=m.vocab_size, gate=gate, tied=bool(m.tie_embeddings))
 
 
-def _source(config) -> tuple[dict, dict]:
+def source_configs(config) -> tuple[dict, dict]:
   """(source config.json, source generation_config.json) of an imported run, else ({}, {})."""
   hf = config.get('hf')
   if not hf:
@@ -305,7 +305,7 @@ def _source(config) -> tuple[dict, dict]:
 def hf_config(config, dims: Dims, dtype: str, *, bos_id: int | None = None) -> dict:
   """config.json for the run: stock Qwen3 for the baseline, the authors' keys for G1."""
   m = config.model
-  src, _ = _source(config)
+  src, _ = source_configs(config)
   out = dict(architectures=[ARCHITECTURE], model_type='qwen3', vocab_size=dims.V,
              hidden_size=dims.D, intermediate_size=dims.F, num_hidden_layers=dims.L,
              num_attention_heads=dims.H, num_key_value_heads=dims.K, head_dim=dims.d,
@@ -334,7 +334,7 @@ def hf_config(config, dims: Dims, dtype: str, *, bos_id: int | None = None) -> d
 
 def generation_config(config, hf_cfg: dict) -> dict:
   """generation_config.json: the imported one, else the token ids of config.json."""
-  _, gen = _source(config)
+  _, gen = source_configs(config)
   if gen:   # the imported one, with the token ids it lacks (transformers' generate reads them)
     return {**gen, **{k: hf_cfg[k] for k in ('bos_token_id', 'eos_token_id')
                       if gen.get(k) is None and hf_cfg.get(k) is not None}}

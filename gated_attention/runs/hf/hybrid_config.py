@@ -101,7 +101,7 @@ def layer_types(text: dict) -> tuple:
 def rope(text: dict) -> tuple[float, dict, float]:
   """(rope_base, config.model.rope_scaling, rope_fraction): hf_config's RoPE (default or YaRN)
   on the rotated part, partial_rotary_factor the fraction."""
-  _, rp = hf_config._rope_params(text)  # pylint: disable=protected-access
+  _, rp = hf_config.rope_params(text)
   fraction = rp.get('partial_rotary_factor', text.get('partial_rotary_factor'))
   fraction = DEFAULTS['partial_rotary_factor'] if fraction is None else fraction
   if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
@@ -288,7 +288,7 @@ def check_exportable(config):
 
 def _source_text(config) -> tuple[dict, str | None]:
   """(the imported language model's settings, its text model_type), or ({}, None)."""
-  src, _ = hf_config._source(config)  # pylint: disable=protected-access
+  src, _ = hf_config.source_configs(config)
   if not src or not is_hybrid(src):
     return {}, None
   text, family, _ = text_config(src)

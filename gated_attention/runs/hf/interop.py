@@ -78,7 +78,8 @@ def import_run(hf_dir: str, workdir: str, *, overrides: dict | None = None) -> d
         'the import had written there was removed; fix the cause (disk space, permissions) and '
         'run the same command again.') from e
   return {'workdir': storage.abspath(workdir), 'variant': config.variant, 'step': IMPORT_STEP,
-          'source': os.path.abspath(hf_dir), 'tokenizer': config.data.tokenizer,
+          'scale': config.scale, 'source': os.path.abspath(hf_dir),
+          'tokenizer': config.data.tokenizer, 'skipped': config.hf.get('skipped', ''),
           'parameters': count,
           'read_seconds': round(t_read, 1), 'seconds': round(time.time() - t0, 1),
           'peak_rss_gib': round(_peak_rss_gib(), 2)}
