@@ -108,10 +108,12 @@ def _forward(config_json: str):
   return graphdef, forward
 
 
-def _ours(config, params, tokens, segments=None):
-  """Our float32 logits of `tokens` (with document `segments`: packed documents)."""
+def _ours(config, params, tokens, segments=None, state=None):
+  """Our float32 logits of `tokens` (with document `segments`: packed documents); `state`: the
+  model state of `params` when already made (_state)."""
   _, forward = _forward(config.model.to_json())
-  return np.asarray(forward(_state(config, params), jnp.asarray(tokens),
+  state = _state(config, params) if state is None else state
+  return np.asarray(forward(state, jnp.asarray(tokens),
                             None if segments is None else jnp.asarray(segments)))
 
 
@@ -152,28 +154,26 @@ def test_import_logits_equal_transformers(kind, seed, root):
 def test_import_of_left_padded_and_packed_inputs_equals_transformers(root):
   """Left padding: transformers with its attention mask == ours with the padding as a document
   of its own (document masking restarts the DeltaNet state and the conv, and attention does not
-  cross), on the valid tokens. Packed: three documents in one row, ours with document masking ==
-  transformers on each document alone."""
+  cross), on the valid tokens. Packed: documents in one row, ours with document masking ==
+  transformers on each document alone (and without the masking, not)."""
   for kind in sorted(CLASSES):
     path, model = _saved(kind, 1, root)
     config, params = load_hf(path)
-    lengths = (21, 14, 8)
-    tokens = _tokens(7, (3, 21))
-    mask = np.array([[0] * (21 - n) + [1] * n for n in lengths])
-    tokens = np.where(mask == 1, tokens, 0)
+    state = _state(config, params)
+    mask = np.array([[1] * 21, [0] * 13 + [1] * 8])
+    tokens = np.where(mask == 1, _tokens(7, (2, 21)), 0)
     ref = _hf_logits(model, tokens, mask)
-    ours = _ours(config, params, tokens, mask.astype(np.int32))
+    ours = _ours(config, params, tokens, mask.astype(np.int32), state)
     valid = mask == 1
     assert _rel(ours[valid], ref[valid]) < TOLERANCE, kind
-    docs = (7, 9, 5)
-    packed = _tokens(8, (1, 21))
-    segments = np.repeat(np.arange(3), docs)[None].astype(np.int32)
-    bounds = np.cumsum((0,) + docs)
-    ref = np.concatenate([_hf_logits(model, packed[:, a:b]) for a, b in zip(bounds, bounds[1:])],
-                         axis=1)
-    assert _rel(_ours(config, params, packed, segments), ref) < TOLERANCE, kind
+    rows = ((7, 9, 5), (12, 9))
+    packed = _tokens(8, (2, 21))
+    segments = np.stack([np.repeat(np.arange(len(r)), r) for r in rows]).astype(np.int32)
+    ref = np.stack([np.concatenate([_hf_logits(model, packed[i:i + 1, a:b])[0] for a, b in zip(
+        np.cumsum((0,) + r), np.cumsum(r))]) for i, r in enumerate(rows)])
+    assert _rel(_ours(config, params, packed, segments, state), ref) < TOLERANCE, kind
     # without document masking the packed row is one sequence: not what transformers computed
-    assert _rel(_ours(config, params, packed), ref) > 100 * TOLERANCE, kind
+    assert _rel(_ours(config, params, packed, state=state), ref) > 100 * TOLERANCE, kind
 
 
 def _greedy(config, params, prompts, new_tokens, width=21):
@@ -181,11 +181,12 @@ def _greedy(config, params, prompts, new_tokens, width=21):
   (causal: position t's logits do not see the padding after it), one compile for every step."""
   seqs = [list(p) for p in prompts]
   margins = []
+  state = _state(config, params)
   for _ in range(new_tokens):
     buf = np.zeros((len(seqs), width), np.int64)
     for i, s in enumerate(seqs):
       buf[i, :len(s)] = s
-    logits = _ours(config, params, buf)
+    logits = _ours(config, params, buf, state=state)
     for i, s in enumerate(seqs):
       row = np.sort(logits[i, len(s) - 1])
       margins.append(row[-1] - row[-2])
@@ -595,3 +596,27 @@ def test_import_of_a_hybrid_from_object_storage(root, gcs, tmp_path, capsys):
   _, local = load_hf(sharded)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(
       rundir.load_run(str(tmp_path / 'run')).params), local)
+
+
+@pytest.mark.parametrize('config_cls,text,scale', [
+    ('Qwen3NextConfig', None, 'qwen3_next_80b_a3b'),
+    ('Qwen3_5MoeConfig', None, 'qwen3_5_35b_a3b'),
+    ('Qwen3_5Config', dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=24,
+                           num_key_value_heads=4, intermediate_size=17408,
+                           linear_num_value_heads=48), 'qwen3_5_27b'),
+])
+def test_an_import_of_a_published_shape_names_its_scale(config_cls, text, scale, tmp_path):
+  """config.json of Qwen3-Next-80B-A3B, Qwen3.5-35B-A3B (multimodal) and Qwen3.5-27B (its
+  text_config; transformers' defaults are the first two's shapes) reads as that scale, with its
+  analysis on one sequence of one batch (no weights read)."""
+  from gated_attention.config import scales  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs.hf import read_hf_config  # pylint: disable=g-import-not-at-top
+  kwargs = {} if text is None else {'text_config': text}
+  getattr(transformers, config_cls)(**kwargs).save_pretrained(tmp_path)
+  config = read_hf_config(str(tmp_path))
+  assert config.scale == scale
+  assert (config.analysis.batch_size, config.analysis.num_batches) == (1, 1)
+  want = scales.model_config(scale)
+  for key in ('num_layers', 'hidden_size', 'num_heads', 'head_dim', 'vocab_size', 'ffn_size'):
+    assert config.model[key] == want[key], key
+  assert tuple(config.model.layer_types) == tuple(want.layer_types)
