@@ -569,6 +569,7 @@ def test_import_of_a_release_and_its_analysis_from_the_command_line(root, tmp_pa
              '--config.data.seq_len=32', '--config.train.batch_size=2',
              '--config.data.val_batches=1')
   assert done.returncode == 0, done.stderr[-2000:]
+  assert 'DeltaNet output gate' in done.stdout and 'attention layers [3, 7]' in done.stdout
   with open(tmp_path / 'run' / 'analysis' / 'report.json') as f:
     report = json.load(f)
   assert report['attention_layers'] == [3, 7] and report['num_layers'] == 8

@@ -150,7 +150,10 @@ def _analyse(workdir, cfg, factory, params, step, data, opts, out_dir, t0) -> di
   fmt = lambda x, spec: '-' if x is None else format(x, spec)  # noqa: E731
   print(f'{report["variant"]} step {step}: F-Attn {fmt(report["f_attn_mean"], ".3f")}, '
         f'M-Act {fmt(report["m_act_mean"], ".1f")}, gate score '
-        f'{fmt(report["gate_score_mean"], ".3f")}, ppl {fmt(report["ppl"], ".3f")} '
+        f'{fmt(report["gate_score_mean"], ".3f")}'
+        + (f', DeltaNet output gate {fmt(report["linear_gate_score_mean"], ".3f")} (attention '
+           f'layers {report["attention_layers"]})' if report.get('linear_gate') else '')
+        + f', ppl {fmt(report["ppl"], ".3f")} '
         f'({report["num_batches"]} batches of {cfg.train.batch_size} x {cfg.data.seq_len}, '
         f'{time.time() - t0:.0f}s) -> {storage.join(out_dir, rundir.REPORT_FILE)}', flush=True)
   if not math.isfinite(result.loss):
