@@ -95,9 +95,10 @@ class DeltaNetSpec:
   value_head_dim: int = 32      # dv (linear_value_head_dim)
   conv_kernel: int = 4          # W: the short causal depthwise conv (linear_conv_kernel_dim)
   # chunked (training, prefill) | recurrent (a scan over tokens: the reference form); a call
-  # with one token always runs the recurrent step. No parameter depends on either.
-  impl: str = dataclasses.field(default='chunked', metadata={'free': 'resume'})
-  chunk_size: int = dataclasses.field(default=64, metadata={'free': 'resume'})  # tokens a chunk
+  # with one token always runs the recurrent step. No parameter depends on either (a saved run
+  # fixes the model.deltanet section as a whole, as it does the other model sections).
+  impl: str = 'chunked'
+  chunk_size: int = 64          # tokens a chunk of the chunked form
 
   def __post_init__(self):
     def bad(field, msg):

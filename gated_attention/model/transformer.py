@@ -33,6 +33,26 @@ are stacked and scanned as the paper's blocks are, so the 48 layers of Qwen3-Nex
 one period: layer l is `blocks.layer_<l % P>` at index l // P of the stacked axis. The FFNs'
 aux outputs come back in layer order [L, ...]; the cache (generate.py) is a tuple over the
 period's positions (`hybrid_cache`). The paper's decoder (layer_types empty) is unchanged.
+
+Where transformers' Qwen3-Next / Qwen3.5 tensors live (for runs/hf/; [out, in] weights become
+[in, *out] kernels; model.layers.<l> is blocks.layer_<l % P>[l // P]; the DeltaNet's own tensors
+are listed in deltanet.py):
+  input_layernorm, post_attention_layernorm   -> attn_norm.scale, ffn_norm.scale (both 1 + w:
+                                                 norm_zero_centered; the same for q_norm /
+                                                 k_norm and model.norm -> final_norm.scale)
+  self_attn.q_proj [H (d + d), D], per head [q_h | g_h] (gate.packing='head')
+                                              -> attn.wq [D, H, d], attn.gate.kernel [D, H, d]
+  self_attn.k_proj / v_proj / o_proj          -> attn.wk / wv [D, K, d], attn.wo [H, d, D]
+  linear_attn.*                               -> linear_attn.* (deltanet.py)
+  mlp.gate.weight [E, D]                      -> ffn.router [D, E]
+  mlp.experts.gate_up_proj [E, 2F, D]         -> ffn.wi_gate = [:, :F]^T, ffn.wi_up = [:, F:]^T
+  mlp.experts.down_proj [E, D, F]             -> ffn.wo [E, F, D]
+  mlp.shared_expert.{gate,up,down}_proj       -> ffn.shared_wi_gate / shared_wi_up / shared_wo
+  mlp.shared_expert_gate.weight [1, D]        -> ffn.shared_gate [D]
+  mlp.{gate,up,down}_proj (Qwen3.5 dense)     -> ffn.wi_gate / wi_up / wo
+(tests/test_deltanet.py and tests/test_moe.py check these against transformers' layers.)
+RoPE: partial (rope_fraction, transformers' partial_rotary_factor) on the first dims of q and k;
+Qwen3.5's interleaved multimodal RoPE is this RoPE for text (its three position streams equal).
 """
 
 import jax
