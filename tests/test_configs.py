@@ -361,3 +361,48 @@ def test_saved_config_with_the_retired_step_keys_opens(tmp_path):
   assert 'step' not in c.analysis and 'step' not in c.long_context
   assert c.to_dict() == scales.get_config('tiny').to_dict()
   assert len(warnings) == 1 and 'long_context.step (= 400) is ignored' in warnings[0]
+
+
+@pytest.mark.parametrize('overrides,match', [
+    (dict(layer_types=['linear_attention', 'full_attention']), r'layer_types: has 2 entries for '
+     r'num_layers=4'),
+    (dict(layer_types=['linear_attention', 'attention', 'full_attention', 'full_attention']),
+     r"layer_types: \['attention'\] are not layer types"),
+    (dict(layer_types=['linear_attention'] * 4), r'gate\.position: .g1. gates attention'),
+    (dict(rope_fraction=0.3), r'rope_fraction: 0\.3 must be in \(0, 1\]'),
+    (dict(rope_fraction=0.0), r'rope_fraction'),
+    (dict(norm_zero_centered=1), r'norm_zero_centered: must be True or False'),
+    (dict(deltanet=dict(num_key_heads=3)), r'deltanet\.num_value_heads: 4 must be a multiple'),
+    (dict(gate=dict(packing='group')), r'gate\.packing: .group. is not one of kv_group, head'),
+    (dict(moe=dict(num_experts=4, top_k=2, expert_ffn_size=8, shared_expert_gate=True)),
+     r'moe\.shared_expert_gate: .*num_shared_experts is 0'),
+])
+def test_hybrid_fields_are_validated_by_name(overrides, match):
+  """The hybrid's switches refuse what cannot work, naming the config.model field."""
+  m = scales.get_config('hybrid_tiny').to_dict()['model']
+  m['gate']['position'] = 'g1'
+  for k, v in overrides.items():
+    if isinstance(v, dict):
+      m[k].update(v)
+    else:
+      m[k] = v
+  with pytest.raises(ConfigError, match=match):
+    model_config_lib.ModelConfig.from_config(m, platform='cpu')
+
+
+def test_hybrid_tiny_is_tiny_with_the_hybrid_switches():
+  """hybrid_tiny: tiny's width and depth, three DeltaNet layers then attention, partial RoPE on a
+  quarter of head_dim, zero-centred norms, the gate packed per head; the variant files decide
+  the gate (g1_elementwise gated, baseline ungated)."""
+  tiny, hybrid = scales.model_config('tiny').to_dict(), scales.model_config('hybrid_tiny').to_dict()
+  for k in ('num_layers', 'hidden_size', 'num_heads', 'num_kv_heads', 'head_dim', 'ffn_size',
+            'vocab_size'):
+    assert tiny[k] == hybrid[k], k
+  assert list(hybrid['layer_types']) == scales.HYBRID_PERIOD
+  assert (hybrid['rope_fraction'], hybrid['norm_zero_centered']) == (0.25, True)
+  assert hybrid['gate']['packing'] == 'head'
+  assert ref.load_config('g1_elementwise', 'hybrid_tiny').model.gate.position == 'g1'
+  assert ref.load_config('baseline', 'hybrid_tiny').model.gate.position == 'none'
+  cfg = model_config(ref.load_config('g1_elementwise', 'hybrid_tiny').model)
+  assert cfg.is_hybrid and cfg.layer_period == tuple(scales.HYBRID_PERIOD)
+  assert cfg.num_attention_layers == 1
