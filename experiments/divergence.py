@@ -51,8 +51,13 @@ def fits(experiment, results, above: float) -> dict:
   out = {}
   for key, cs in series.items():
     cs = sorted(cs, key=lambda c: c['learning_rate'])
-    fit = stats.logistic_fit([math.log(c['learning_rate']) for c in cs],
-                             [c['diverged'] for c in cs], [c['runs'] for c in cs])
+    xs = [math.log(c['learning_rate']) for c in cs]
+    fit = stats.logistic_fit(xs, [c['diverged'] for c in cs], [c['runs'] for c in cs])
+    if fit['x50'] is None and fit['bracket'] is None:   # none failed, or all: beyond the grid
+      if not any(c['diverged'] for c in cs):
+        fit = {**fit, 'bracket': [max(xs), None]}
+      elif all(c['diverged'] == c['runs'] for c in cs):
+        fit = {**fit, 'bracket': [None, min(xs)]}
     entry = {'variant': cs[0]['variant'], 'point': key[len(cs[0]['variant']):], 'fit': fit,
              'grid': [(c['learning_rate'], c['diverged'], c['runs']) for c in cs],
              'lr50': None, 'lr50_interval': None, 'bracket': None}
@@ -61,7 +66,7 @@ def fits(experiment, results, above: float) -> dict:
       entry.update(lr50=math.exp(fit['x50']),
                    lr50_interval=[math.exp(fit['x50'] - half), math.exp(fit['x50'] + half)])
     elif fit['bracket'] is not None:
-      entry['bracket'] = [math.exp(x) for x in fit['bracket']]
+      entry['bracket'] = [None if x is None else math.exp(x) for x in fit['bracket']]
     out[key] = entry
   for entry in out.values():
     base = next((b for b in out.values() if b['variant'] == 'baseline'
@@ -140,18 +145,23 @@ def table(experiment, results) -> str:
       if e['lr50'] is not None:
         lo, hi = e['lr50_interval']
         lr50 = f'{_rate(e["lr50"])} [{_rate(lo)}, {_rate(hi)}]'
+      elif e['bracket'] is not None and e['bracket'][1] is None:
+        lr50 = f'above {_rate(e["bracket"][0])} (none failed on the grid)'
+      elif e['bracket'] is not None and e['bracket'][0] is None:
+        lr50 = f'below {_rate(e["bracket"][1])} (all failed on the grid)'
       elif e['bracket'] is not None:
         lr50 = f'between {_rate(e["bracket"][0])} and {_rate(e["bracket"][1])} (separated)'
       else:
-        lr50 = ('none failed' if all(k == 0 for _, k, _ in e['grid']) else
-                'all failed' if all(k == n for _, k, n in e['grid']) else '-')
+        lr50 = '- (no fit)'
       r = e['ratio']
       if r is None:
         ratio = '-'
       elif r['ratio'] is not None:
         ratio = f'{r["ratio"]:.2f} [{r["interval"][0]:.2f}, {r["interval"][1]:.2f}]'
       else:
-        ratio = f'between {r["bounds"][0]:.2f} and {r["bounds"][1]:.2f}'
+        lo, hi = r['bounds']
+        ratio = (f'above {lo:.2f}' if math.isinf(hi) else f'below {hi:.2f}' if lo == 0 else
+                 f'between {lo:.2f} and {hi:.2f}')
       lines.append(f'| {key} | {grid} | {lr50} | {ratio} |')
     lines.append('')
   above = experiment.diverged_above

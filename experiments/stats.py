@@ -194,10 +194,11 @@ def logistic_fit(x, k, n, iterations: int = 100) -> dict:
   P(event) = 1 / (1 + exp(-(a + b x))), by Newton's method in float64. Returns a, b, their
   covariance (`cov`, the inverse Fisher information), x50 = -a / b (where half the trials have
   the event) with its delta-method standard error, and `separated`: True when the events are
-  split by x with no point in between (some x with none, every x above it with all, or the
-  reverse), where the maximum-likelihood slope is infinite; then a, b, cov are None and
-  `bracket` holds the x interval inside which x50 lies (the last x with no event, the first x
-  with all). `converged` reports Newton's method."""
+  split by x (no event below some point, all events above it, that point itself mixed or not:
+  complete or quasi-complete separation), where the maximum-likelihood slope is infinite; then
+  a, b, cov are None and `bracket` holds the x interval inside which x50 lies (the last x with no
+  event, the first x with all; None where the grid has none). `converged` reports Newton's
+  method (steps halved until the likelihood rises; None fields if it did not get there)."""
   x, k, n = (np.asarray(v, float) for v in (x, k, n))
   keep = n > 0
   x, k, n = x[keep], k[keep], n[keep]
@@ -205,29 +206,47 @@ def logistic_fit(x, k, n, iterations: int = 100) -> dict:
   x, k, n = x[order], k[order], n[order]
   out = {'a': None, 'b': None, 'cov': None, 'x50': None, 'x50_se': None, 'separated': False,
          'bracket': None, 'converged': False}
-  rate = k / n
-  if np.all((rate == 0) | (rate == 1)):
-    none, all_ = x[rate == 0], x[rate == 1]
-    if len(none) and len(all_) and (none.max() < all_.min() or all_.max() < none.min()):
-      out['separated'] = True
-      out['bracket'] = ([float(none.max()), float(all_.min())] if none.max() < all_.min() else
-                        [float(all_.max()), float(none.min())])
-      return out
-  if np.all(rate == 0) or np.all(rate == 1):
+  if np.all(k == 0) or np.all(k == n):
     return out   # no event, or nothing but events: no curve to fit
-  design = np.stack([np.ones_like(x), x], 1)
+  for i in range(len(x)):   # (quasi-)separation: none below point i, all above it
+    if np.all(k[:i] == 0) and np.all(k[i + 1:] == n[i + 1:]):
+      none, full = x[k == 0], x[k == n]
+      out['separated'] = True
+      out['bracket'] = [float(none.max()) if len(none) else None,   # None: open at that end
+                        float(full.min()) if len(full) else None]
+      return out
+  centre = float(np.average(x, weights=n))     # fitted on x - centre: better conditioned
+  design = np.stack([np.ones_like(x), x - centre], 1)
+
+  def loglik(beta):
+    z = design @ beta
+    return float(np.sum(k * z - n * np.logaddexp(0, z)))
+
   beta = np.zeros(2)
-  for _ in range(iterations):
+  for _ in range(iterations):   # Newton's method, each step halved until the likelihood rises
     p = 1 / (1 + np.exp(-(design @ beta)))
-    w = n * p * (1 - p)
-    info = design.T @ (design * w[:, None])
-    step = np.linalg.solve(info, design.T @ (k - n * p))
+    info = design.T @ (design * (n * p * (1 - p))[:, None])
+    try:
+      step = np.linalg.solve(info, design.T @ (k - n * p))
+    except np.linalg.LinAlgError:
+      break
+    before = loglik(beta)
+    for _ in range(40):
+      if loglik(beta + step) >= before - 1e-12:
+        break
+      step = step / 2
     beta = beta + step
     if np.max(np.abs(step)) < 1e-10:
       out['converged'] = True
       break
   p = 1 / (1 + np.exp(-(design @ beta)))
-  cov = np.linalg.inv(design.T @ (design * (n * p * (1 - p))[:, None]))
+  try:
+    cov_c = np.linalg.inv(design.T @ (design * (n * p * (1 - p))[:, None]))
+  except np.linalg.LinAlgError:
+    return out
+  jac = np.array([[1.0, -centre], [0.0, 1.0]])     # (a, b) from the centred fit's (a_c, b)
+  beta = jac @ beta
+  cov = jac @ cov_c @ jac.T
   a, b = float(beta[0]), float(beta[1])
   grad = np.array([-1 / b, a / b ** 2])
   out.update(a=a, b=b, cov=cov.tolist(), x50=-a / b, x50_se=float(math.sqrt(grad @ cov @ grad)))
@@ -238,20 +257,24 @@ def half_ratio(fit: dict, base: dict, z: float = Z95) -> dict | None:
   """The ratio of the learning rates at which half the seeds fail, variant over baseline, from
   two logistic_fit's of failure against the natural log of the learning rate: `ratio` =
   exp(x50 - x50_base) with its 95% interval (delta method, the two fits independent), or, where
-  either fit is separated, the `bounds` its bracket allows (no point estimate). None where
-  either has no x50 and no bracket."""
+  either fit is separated, the `bounds` its bracket allows (no point estimate; a fitted x50
+  enters with its 95% interval; an open bracket end gives 0 or inf). None where either has no
+  x50 and no bracket, or where the brackets bound nothing (both open the same way)."""
   def span(f):
     if f.get('x50') is not None:
-      return f['x50'], f['x50'], f['x50_se']
+      return f['x50'] - z * f['x50_se'], f['x50'] + z * f['x50_se'], f['x50_se']
     if f.get('bracket') is not None:
-      return f['bracket'][0], f['bracket'][1], None
+      lo, hi = f['bracket']
+      return (-math.inf if lo is None else lo), (math.inf if hi is None else hi), None
     return None
   s, b = span(fit), span(base)
   if s is None or b is None:
     return None
   if s[2] is not None and b[2] is not None:
-    diff, se = s[0] - b[0], math.sqrt(s[2] ** 2 + b[2] ** 2)
+    diff, se = fit['x50'] - base['x50'], math.sqrt(s[2] ** 2 + b[2] ** 2)
     return {'ratio': math.exp(diff), 'interval': [math.exp(diff - z * se),
                                                   math.exp(diff + z * se)], 'bounds': None}
-  return {'ratio': None, 'interval': None,
-          'bounds': [math.exp(s[0] - b[1]), math.exp(s[1] - b[0])]}
+  bounds = [math.exp(s[0] - b[1]), math.exp(s[1] - b[0])]
+  if bounds[0] == 0 and math.isinf(bounds[1]):
+    return None   # both open the same way: no bound at all
+  return {'ratio': None, 'interval': None, 'bounds': bounds}

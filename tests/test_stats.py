@@ -156,3 +156,27 @@ def test_half_ratio_of_shifted_curves():
   r = stats.half_ratio(moved, base)
   assert r['ratio'] == pytest.approx(1.5, rel=0.02)
   assert r['interval'][0] < 1.5 < r['interval'][1] and r['interval'][0] > 1.2
+
+
+def test_logistic_fit_steep_curve_on_a_narrow_grid():
+  """One mixed point between none and all (0/4, 3/4, 4/4 at rates x1.25 apart) is quasi-complete
+  separation: no finite maximum (the likelihood rises as the slope grows through that point), so
+  a bracket, not a fit; two mixed points fit, at the likelihood's maximum."""
+  x = np.log([0.1, 0.125, 0.195])
+  fit = stats.logistic_fit(x, [0, 3, 4], [4, 4, 4])
+  assert fit['separated'] and fit['bracket'] == pytest.approx([np.log(0.1), np.log(0.195)])
+  def nll(beta, k, n):
+    z = beta[0] + beta[1] * x
+    return -np.sum(k * z - n * np.logaddexp(0, z))
+  k, n = np.array([0, 3, 4]), np.array([4, 4, 4])
+  through = lambda b: [np.log(3) - b * x[1], b]   # P = 0.75 at the mixed point  # noqa: E731
+  assert nll(through(40), k, n) < nll(through(20), k, n) < nll(through(10), k, n)
+  k = np.array([1, 3, 4])
+  fit = stats.logistic_fit(x, k, n)
+  assert fit['converged'] and not fit['separated']
+  best = optimize.minimize(nll, [fit['a'] * 0.9, fit['b'] * 0.9], args=(k, n),
+                           method='Nelder-Mead',
+                           options={'xatol': 1e-12, 'fatol': 1e-14, 'maxiter': 40000})
+  assert -nll([fit['a'], fit['b']], k, n) >= -best.fun - 1e-9
+  assert stats.half_ratio({'bracket': [np.log(0.6), None]}, fit)['bounds'][1] == math.inf
+  assert stats.half_ratio({'bracket': [np.log(0.6), None]}, {'bracket': [np.log(0.3), None]}) is None
