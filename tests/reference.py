@@ -423,6 +423,62 @@ def forward(params, tokens_BxT, m):
   return logits, per_layer
 
 
+def streaming_forward(params, tokens_T, m, window, sinks):
+  """Logits [T, V] (float64) of one sequence decoded token by token through a StreamingLLM
+  cache (Xiao et al. 2023): the query at position p sees the first `sinks` tokens and the last
+  `window` (p included); each layer keeps, per token, the key (before RoPE) and value computed
+  when that token was decoded, evicting a token once it leaves the window; the kept tokens, in
+  text order, take RoPE positions 0, 1, ... by their rank. Written from that definition with
+  python lists, independently of gated_attention/model/kv_cache.py's ring arithmetic."""
+  spec = dict(GATE_DEFAULTS, **dict(m.get('gate', {})))
+  inv_freq, mscale = rope_parameters(m['head_dim'], m['rope_base'], m.get('rope_scaling'))
+  eps, L = m['norm_eps'], m['num_layers']
+  G = m['num_heads'] // m['num_kv_heads']
+  caches = [dict() for _ in range(L)]     # per layer: {position: (raw key [K, d], value [K, d])}
+  out = []
+  for p, token in enumerate(np.asarray(tokens_T)):
+    h = embed(params['embed']['embedding'], np.array([[token]]))           # [1, 1, D]
+    for i in range(L):
+      lp = layer(params['blocks'], i)
+      ap, gp = lp['attn'], lp['attn'].get('gate', {})
+      x = rms_norm(h, lp['attn_norm']['scale'], eps)
+      g = lambda hook, y, x=x, gp=gp: gate_apply(spec, gp, hook, y, x)  # noqa: E731
+      q = g('q', np.einsum('btd,dhk->bthk', x, ap['wq']))
+      k = g('k', np.einsum('btd,dhk->bthk', x, ap['wk']))
+      v = g('v', np.einsum('btd,dhk->bthk', x, ap['wv']))
+      if m['qk_norm']:
+        q = rms_norm(q, ap['q_norm']['scale'], eps)
+        k = rms_norm(k, ap['k_norm']['scale'], eps)
+      caches[i][p] = (k[0, 0], v[0, 0])
+      for old in [j for j in caches[i] if sinks <= j <= p - window]:       # evicted
+        del caches[i][old]
+      kept = sorted(caches[i])
+      assert len(kept) <= sinks + window
+      place = {j: r for r, j in enumerate(kept)}
+      keys = np.stack([caches[i][j][0] for j in kept])[None]                # [1, n, K, d]
+      keys = apply_rope(keys, np.array([[place[j] for j in kept]]), inv_freq, mscale)
+      values = np.stack([caches[i][j][1] for j in kept])                     # [n, K, d]
+      q = g('q_rope', apply_rope(q, np.array([[place[p]]]), inv_freq, mscale))
+      y = np.zeros(q.shape)
+      for hh in range(m['num_heads']):
+        s_n = keys[0, :, hh // G] @ q[0, 0, hh] / math.sqrt(m['head_dim'])
+        y[0, 0, hh] = softmax(s_n) @ values[:, hh // G]
+      attn_out = g('out', np.einsum('bthk,hkd->btd', g('sdpa', y), ap['wo']))
+      if m['sandwich_norm']:
+        attn_out = rms_norm(attn_out, lp['attn_post_norm']['scale'], eps)
+      h = h + attn_out
+      ffn = lp['ffn']
+      ffn_out = swiglu(rms_norm(h, lp['ffn_norm']['scale'], eps), ffn['wi_gate'], ffn['wi_up'],
+                       ffn['wo'])
+      if m['sandwich_norm']:
+        ffn_out = rms_norm(ffn_out, lp['ffn_post_norm']['scale'], eps)
+      h = h + ffn_out
+    h = rms_norm(h, params['final_norm']['scale'], eps)
+    head = params['embed']['embedding'].T if m['tie_embeddings'] else params['lm_head']
+    out.append((h @ head)[0, 0])
+  return np.stack(out)
+
+
 def f_attn_per_head(probs_BxHxTxT):
   """F-Attn per head: probability on token 0, averaged over batch and queries 1..T-1."""
   return probs_BxHxTxT[:, :, 1:, 0].mean(axis=(0, 2))

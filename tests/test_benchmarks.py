@@ -188,3 +188,14 @@ def test_hybrid_benchmark_compares_the_same_shape_with_and_without_deltanet():
   assert h == a and h['data']['seq_len'] == 4096 and h['model']['gate']['position'] == 'g1'
   for config in c.values():
     schema.check(config)
+
+
+# --------------------------------------------------------------------------------------------
+# benchmarks/int8_matmul.py: an int8 x int8 -> int32 dot_general against float32
+# --------------------------------------------------------------------------------------------
+
+def test_int8_matmul_is_exact_and_gives_ratios():
+  row = _load('int8_matmul').measure(8, 32, 16, rounds=1)
+  assert row['float32']['exact'] and row['shape'] == '8x32x16'
+  if 'error' not in row['int8_int32']:         # the backend has an int8 dot (CPU does)
+    assert row['int8_int32']['exact'] and row['int8_int32']['speedup_over_float32'] > 0

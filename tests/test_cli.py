@@ -28,7 +28,7 @@ def test_the_table_and_the_flags_agree():
   spelt one way: --step, for each mode that opens a run's checkpoint."""
   named = {f for m in modes.MODES.values() for f in m.flags}
   assert named == set(modes.FLAGS)
-  opens_a_checkpoint = {'analyze', 'sample', 'export', 'long_context'}
+  opens_a_checkpoint = {'analyze', 'sample', 'export', 'long_context', 'quantization'}
   assert {m.name for m in modes.MODES.values() if 'step' in m.flags} == opens_a_checkpoint
   for m in modes.MODES.values():
     assert m.load().main, m.name      # every row's module loads and has main(args)
@@ -48,8 +48,8 @@ def test_args_hold_only_the_modes_own_flags():
     (['--mode=analyze', '--seeds=0,1'],
      '--seeds belongs to --mode=train; --mode=analyze does not take it'),
     (['--mode=params', '--step=3'],
-     '--step belongs to --mode=analyze / --mode=export / --mode=sample / --mode=long_context; '
-     '--mode=params does not take it'),
+     '--step belongs to --mode=analyze / --mode=export / --mode=sample / --mode=long_context / '
+     '--mode=quantization; --mode=params does not take it'),
     (['--mode=train', '--seeds=0,1', '--analyze'],
      '--analyze analyses a run after --mode=train of one seed'),
     (['--mode=train', '--fit_grad_accum'],
@@ -71,7 +71,8 @@ def test_help_names_the_modes_of_each_flag(tmp_path):
   rc, text = main_py(tmp_path, '--helpfull')
   flat = ' '.join(text.split())
   assert rc == 0 and 'Error' not in text, text     # absl's own --helpfull exits with status 1
-  assert '--mode=analyze, export, sample, long_context: which checkpoint' in flat, text
+  assert ('--mode=analyze, export, sample, long_context, quantization: which checkpoint'
+          in flat), text
   assert '--mode=sample: a prompt (repeat for a batch).' in flat
 
 

@@ -234,3 +234,22 @@ def test_long_context_mode_on_a_synthetic_retrieval_run(tmp_path):
     text = f.read()
   assert '| retrieval, % of answers exact | 16 | 32 | 64 |' in text
   assert '| mqar: % exact by distance (answers) | 0-16 | 16-32 | 32-64 |' in text
+  assert 'cache' not in rep and 'streamed' not in text     # the full cache's output as before
+  # streamed through a sliding window of 14 + 2 sinks: the first bucket (positions < 16, before
+  # any eviction) is the full cache's, the next ones what is left without the beginning
+  streamed = long_context_mode.run(run, overrides={
+      'long_context.lengths': '16,32,64', 'long_context.docs': 2, 'long_context.examples': 3,
+      'long_context.chunk': 16, 'long_context.batch_size': 2, 'long_context.window': 14,
+      'long_context.sinks': 2})
+  assert streamed['cache'] == {'kind': 'sliding_window', 'window': 14, 'sinks': 2, 'slots': 16,
+                               'positions': 'by place in the cache (StreamingLLM)',
+                               'evaluation': 'token by token (streaming)'}
+  full_b, win_b = rep['loss']['buckets'], streamed['loss']['buckets']
+  assert win_b[0]['loss'] == pytest.approx(full_b[0]['loss'], rel=1e-5)
+  assert win_b[2]['loss'] != pytest.approx(full_b[2]['loss'], rel=1e-5)
+  out = os.path.join(run, 'long_context', 'rope1e+04_window14_sinks2')
+  with open(os.path.join(out, 'long_context.md')) as f:
+    assert 'streamed through a sliding window of 14 + 2 sinks' in f.read()
+  from gated_attention.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match='long_context.sinks=2 without'):
+    long_context_mode.run(run, overrides={'long_context.sinks': 2})

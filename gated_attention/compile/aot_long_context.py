@@ -26,22 +26,27 @@ def long_context_step(config, devices):
   from gated_attention import sharding  # pylint: disable=g-import-not-at-top
   # pylint: disable=g-import-not-at-top
   from gated_attention.inference import generate, long_context
+  from gated_attention.model import kv_cache
   from gated_attention.runs import factory as factory_lib, rundir
   # pylint: enable=g-import-not-at-top
   config = rundir.for_generation(config.copy_and_resolve_references())
   opts = config.long_context
   lengths = long_context.evaluated_lengths(opts, config.data.seq_len)
+  window = kv_cache.Window.from_settings(   # a sliding window: the streamed step, its ring
+      int(opts.get('window', 0)), int(opts.get('sinks', 0)),
+      names=('--config.long_context.window', '--config.long_context.sinks'))
   mesh = sharding.build_mesh(config.mesh, devices)
   factory = factory_lib.ModelFactory(config, mesh)
   gen = generate.Generator(factory.merge(factory.abstract_params),
-                           max_len=long_context.cache_length(lengths), chunk=opts.chunk)
+                           max_len=long_context.cache_length(lengths), chunk=opts.chunk,
+                           window=window)
   m, B = factory.model_cfg, int(opts.batch_size)
-  C = min(gen.chunk, gen.max_len)
+  C = gen.chunk if window is not None else min(gen.chunk, gen.max_len)
   replicated = NamedSharding(mesh, P())
   # generate.init_cache's shapes (a hybrid's: its attention layers' KV caches and its Gated
   # DeltaNet layers' states), replicated
   kv = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
-                    jax.eval_shape(lambda: generate.init_cache(m, B, gen.max_len)))
+                    jax.eval_shape(lambda: generate.init_cache(m, B, gen.cache_len)))
   tokens = jax.ShapeDtypeStruct((B, C), jnp.int32, sharding=replicated)
   start = jax.ShapeDtypeStruct((B,), jnp.int32, sharding=replicated)
   return gen, factory, (gen.state, tokens, tokens, start, kv), lengths
@@ -57,25 +62,30 @@ def long_context_report(config, topology: str) -> dict:
   gen, factory, args, lengths = long_context_step(config, devices)
   from gated_attention.inference import generate  # pylint: disable=g-import-not-at-top
   m, opts = factory.model_cfg, config.long_context
-  B, S = int(opts.batch_size), gen.max_len
+  B, S = int(opts.batch_size), gen.cache_len
   per_device = {k: v / len({getattr(d, 'core_on_chip', 0) for d in devices})
                 for k, v in CHIPS[gen_name].items()}
   import jax  # pylint: disable=g-import-not-at-top
   cache_bytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(args[4]))
   params_bytes = aot.shard_bytes(factory.abstract_params)
-  logits_bytes = 2 * B * max(lengths) * m.vocab_size * 4   # the chunks' and their concatenation
+  logits_bytes = (2 * B * max(lengths) * m.vocab_size * 4   # the chunks' and their concatenation
+                  if gen.window is None else B * m.vocab_size * 4)   # streamed: the last only
   out = {
       'config': f'{config.variant}:{config.scale}', 'plan': 'long_context',
       'topology': f'{gen_name}:{topology.split(":", 1)[1]}', 'chip': gen_name,
       'devices': len(devices), 'mesh': dict(factory.mesh.shape), 'rules': config.mesh.rules,
       'evaluation': {'lengths': lengths, 'cache_length': S, 'batch': B, 'chunk': gen.chunk,
-                     'rope_base': m.rope_base, 'rope_scaling': dict(config.model.rope_scaling)},
+                     'rope_base': m.rope_base, 'rope_scaling': dict(config.model.rope_scaling),
+                     **({} if gen.window is None else {'window': gen.window.window,
+                                                       'sinks': gen.window.sinks})},
       'params_bytes_per_device': params_bytes,
       'kv_cache_bytes_per_device': cache_bytes,
       'ruler_prefill_logits_bytes': logits_bytes,
   }
   t0 = time.time()   # no mesh context or rules: the evaluation's jit has none
-  lowered = generate.Generator._chunk_scores.lower(gen, *args)  # pylint: disable=protected-access
+  step = (generate.Generator._chunk_scores if gen.window is None  # pylint: disable=protected-access
+          else generate.Generator._stream_scores)                  # pylint: disable=protected-access
+  lowered = step.lower(gen, *args)
   t1, logs_before = time.time(), tpu.log_sizes()
   try:
     compiled, error = lowered.compile(), None

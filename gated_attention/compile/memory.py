@@ -388,9 +388,15 @@ def long_context_report(config) -> dict:
                     chunk, vocab]; one layer's weights made whole (FSDP)
     ruler_prefill   RULER's generation (generate._prefill) keeps every chunk's float32 logits
                     and concatenates them: 2 x [batch, prompt, vocab], on top of the above
+
+  With a sliding window (long_context.window / sinks, model/kv_cache.py) every sequence streams
+  token by token: the cache has sinks + window slots whatever the length, one query a step
+  (scores [batch, heads, 1, slots]), one step's float32 logits [batch, vocab], and the prompts'
+  last logits only (no prefill concatenation).
   """
   # pylint: disable=g-import-not-at-top
   from gated_attention.inference import long_context
+  from gated_attention.model import kv_cache
   from gated_attention.runs import factory as factory_lib, rundir
   # pylint: enable=g-import-not-at-top
   config = rundir.for_generation(config.copy_and_resolve_references())
@@ -398,6 +404,12 @@ def long_context_report(config) -> dict:
   lengths = long_context.evaluated_lengths(opts, config.data.seq_len)
   S, B, L = long_context.cache_length(lengths), int(opts.batch_size), max(lengths)
   C = min(int(opts.chunk), S)
+  window = kv_cache.Window.from_settings(
+      int(opts.get('window', 0)), int(opts.get('sinks', 0)),
+      names=('--config.long_context.window', '--config.long_context.sinks'))
+  if window is not None:          # streaming: one query a step against sinks + window slots
+    window = window.clamped(S)
+    S, C = window.capacity, 1
   num_devices = int(config.memory.get('num_devices', 0) or 0) or jax.device_count()
   mesh = sharding.abstract_mesh(config.mesh, num_devices)
   factory = factory_lib.ModelFactory(config, mesh)
@@ -416,12 +428,14 @@ def long_context_report(config) -> dict:
   layer_whole, gathered = _layer_gathered(factory, dict(mesh.shape))
   weights = layer_whole * item if gathered else 0
   scoring = params + 2 * cache + scores + logits + weights
-  prefill = 2 * B * L * m.vocab_size * 4
+  prefill = 2 * B * L * m.vocab_size * 4 if window is None else B * m.vocab_size * 4
   device_bytes, source = _device_memory_bytes(config)
   out = {
       'config': f'{config.variant}:{config.scale}', 'plan': 'long_context',
       'devices': num_devices, 'mesh': dict(mesh.shape), 'rules': config.mesh.rules,
-      'evaluation': {'lengths': lengths, 'cache_length': S, 'batch': B, 'chunk': C},
+      'evaluation': {'lengths': lengths, 'cache_length': S, 'batch': B, 'chunk': C,
+                     **({} if window is None else {'window': window.window,
+                                                   'sinks': window.sinks})},
       'per_device': {
           'params': _entry(params), 'kv_cache': _entry(cache),
           'kv_cache_in_and_out': _entry(2 * cache), 'attention_scores_one_layer': _entry(scores),

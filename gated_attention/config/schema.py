@@ -235,6 +235,22 @@ class LongContext:
   chunk: int = 256              # tokens per cached attention chunk: [chunk, length] scores a head
   seed: int = 0                 # draws the RULER prompts
   tag: str = ''                 # the output directory RUN/long_context/<tag> ('': the RoPE setting)
+  # A sliding-window KV cache (model/kv_cache.py, StreamingLLM): every sequence is streamed
+  # token by token through a ring of sinks + window slots, RoPE positions by place in the cache
+  window: int = 0               # the last `window` tokens are kept (0: the full cache)
+  sinks: int = 0                # ... and the first `sinks` tokens (attention sinks; needs window)
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+  """quantization: --mode=quantization's options (gated_attention/inference/quantized.py);
+  which checkpoint: --step."""
+  # comma-separated: w8a16, w4a16, w8a8, w4a8, w16a8, w4a4, w16a4 (weights / activations bits)
+  settings: str = 'w8a16,w4a16,w8a8,w4a8'
+  activations: str = 'tensor,token'  # the 8-bit activations' scales: per tensor, per token
+  group_size: int = 128         # int4 weights: one scale per this many inputs of a channel
+  num_batches: int = 0          # held-out batches (0: data.val_batches)
+  batch_size: int = 0           # sequences per batch (0: train.batch_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,6 +289,7 @@ class RunConfig:
   mesh: Mesh = _section(Mesh)
   analysis: Analysis = _section(Analysis)
   long_context: LongContext = _section(LongContext)
+  quantization: Quantization = _section(Quantization)
   distributed: Distributed = _section(Distributed)
   memory: Memory = _section(Memory)
 

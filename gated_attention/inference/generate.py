@@ -11,6 +11,14 @@ Prompts of different lengths are batched right-padded: every sequence keeps posi
 (or overwritten before they are read) by causality alone (attention.py). Prompts are prefilled in
 chunks of `chunk` tokens, so attention holds at most [chunk, max_len] scores per head.
 
+With a sliding window (`Generator(model, max_len=..., window=kv_cache.Window(W, S))`), the cache
+is a ring of S + W slots (model/kv_cache.py: the first S tokens and the last W, RoPE positions
+by place in the cache, as StreamingLLM), so its memory does not grow with the sequence: every
+call feeds one token per sequence, prompts and scored sequences token by token through a
+jit-compiled `lax.scan` of the decode step (`chunk` tokens a call), as StreamingLLM's
+streaming perplexity does. A window at least as long as the sequences never evicts: it computes
+what the full cache computes.
+
 Sampling: greedy at temperature 0; otherwise softmax(logits / temperature) restricted to the
 smallest set of tokens whose probability reaches `top_p` (nucleus sampling, Holtzman et al.
 2020). A seed fixes the samples. Generation stops per sequence at `eos_id` (default: the
@@ -28,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 from gated_attention.errors import UserError
-from gated_attention.model import transformer
+from gated_attention.model import kv_cache, transformer
 
 
 class GenerateError(UserError, ValueError):
@@ -77,19 +85,90 @@ class Output:
 
 
 class Generator:
-  """Generation and chunked scoring for one model, compiled once per (batch, length) shape."""
+  """Generation and chunked scoring for one model, compiled once per (batch, length) shape.
+  `window`: a sliding-window cache (kv_cache.Window), or None for the full cache of max_len
+  slots."""
 
-  def __init__(self, model, *, max_len: int, chunk: int = 256):
+  def __init__(self, model, *, max_len: int, chunk: int = 256,
+               window: kv_cache.Window | None = None):
     self.cfg = model.cfg
     self.max_len = int(max_len)
     self.chunk = int(chunk)
+    self.window = None if window is None else window.clamped(self.max_len)
+    if self.window is not None and self.cfg.is_hybrid:
+      raise GenerateError('A sliding-window cache is for attention-only models; a hybrid '
+                          '(model.layer_types with linear_attention) keeps its Gated DeltaNet '
+                          'state whole: leave the window out.')
     self.graphdef, self.state = nnx.split(model)
 
+  @property
+  def cache_len(self) -> int:
+    """The KV cache's slots: max_len, or the window's sinks + window."""
+    return self.max_len if self.window is None else self.window.capacity
+
+  def init_cache(self, batch: int) -> dict:
+    """An empty cache for `batch` sequences (init_cache of `cache_len` slots)."""
+    return init_cache(self.cfg, batch, self.cache_len)
+
   @functools.partial(jax.jit, static_argnums=0)
-  def _decode(self, state, tokens_BxT, start_B, kv, lengths_B=None):
+  def _decode(self, state, tokens_BxT, start_B, kv, lengths_B=None, write_B=None):
     """`lengths_B`: the real tokens of each sequence in this call (a padded chunk's), or None:
-    a hybrid's Gated DeltaNet layers pass the padding through (model.decode)."""
-    return nnx.merge(self.graphdef, state).decode(tokens_BxT, start_B, kv, lengths_B)
+    a hybrid's Gated DeltaNet layers pass the padding through (model.decode). With a window,
+    one token per sequence, written where `write_B` (kv_cache.py)."""
+    model = nnx.merge(self.graphdef, state)
+    if self.window is None:
+      return model.decode(tokens_BxT, start_B, kv, lengths_B)
+    return model.decode(tokens_BxT, start_B, kv, window=self.window, write_B=write_B)
+
+  def _stream(self, state, tokens_BxC, start_B, kv, write_BxC, emit, carry=()):
+    """The sliding-window cache: the C tokens fed one at a time (a lax.scan of the decode
+    step), token i at start_B + i where write_BxC[:, i]. `emit(i, logits_BxV, carry)` returns
+    (carry, this step's outputs); the outputs are stacked on axis 1. Returns (outputs, carry,
+    kv)."""
+    def step(kv_carry, i):
+      kv, carry = kv_carry
+      logits, kv = self._decode(state, jax.lax.dynamic_slice_in_dim(tokens_BxC, i, 1, axis=1),
+                                start_B + i, kv, write_B=write_BxC[:, i])
+      carry, out = emit(i, logits[:, 0], carry)
+      return (kv, carry), out
+    (kv, carry), out = jax.lax.scan(step, (kv, carry), jnp.arange(tokens_BxC.shape[1]))
+    return jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), out), carry, kv
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def _stream_scores(self, state, tokens_BxC, targets_BxC, start_B, kv, lengths_B=None):
+    del lengths_B   # the padding at the end of the last piece is written after every real token
+    def emit(i, logits_BxV, carry):
+      target_B = jax.lax.dynamic_index_in_dim(targets_BxC, i, axis=1, keepdims=False)
+      return carry, (_nll(logits_BxV, target_B), jnp.argmax(logits_BxV, -1).astype(jnp.int32))
+    write = jnp.ones(tokens_BxC.shape, bool)
+    (nll, argmax), _, kv = self._stream(state, tokens_BxC, start_B, kv, write, emit)
+    return nll, argmax, kv
+
+  def _stream_nll(self, state, tokens_BxC, targets_BxC, start_B, kv, lengths_B=None):
+    nll, _, kv = self._stream_scores(state, tokens_BxC, targets_BxC, start_B, kv)
+    return nll, kv
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def _stream_logits(self, state, tokens_BxC, start_B, kv):
+    """Logits [B, C, V] of C more tokens of every sequence, fed through the ring."""
+    write = jnp.ones(tokens_BxC.shape, bool)
+    logits, _, kv = self._stream(state, tokens_BxC, start_B, kv, write,
+                                 lambda i, logits, carry: (carry, logits))
+    return logits, kv
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def _stream_prompts(self, state, tokens_BxC, start_B, lens_B, last_BxV, kv):
+    """Feeds the prompts' tokens (positions < lens_B; a shorter prompt's padding is not
+    written) into the ring; returns the logits at each prompt's last token (`last_BxV` where
+    that is not in this piece) and the cache."""
+    positions_BxC = start_B[:, None] + jnp.arange(tokens_BxC.shape[1])
+    write = positions_BxC < lens_B[:, None]
+
+    def emit(i, logits_BxV, last_BxV):
+      at_last_B = start_B + i == lens_B - 1
+      return jnp.where(at_last_B[:, None], logits_BxV, last_BxV), ()
+    _, last_BxV, kv = self._stream(state, tokens_BxC, start_B, kv, write, emit, last_BxV)
+    return last_BxV, kv
 
   @functools.partial(jax.jit, static_argnums=(0, 6, 7, 8, 9))
   def _decode_loop(self, state, first_B, pos_B, kv, key, max_new, temperature, top_p, eos_id):
@@ -127,10 +206,11 @@ class Generator:
     tokens_BxT = np.asarray(tokens_BxT, np.int32)
     B, T = tokens_BxT.shape
     self._check_len(T - 1, 0)
-    kv, out = init_cache(self.cfg, B, self.max_len), []
+    kv, out = self.init_cache(B), []
     for s in range(0, T - 1, self.chunk):
       n = min(self.chunk, T - 1 - s)
-      piece = np.zeros((B, 2, min(self.chunk, self.max_len - s)), np.int32)
+      width = self.chunk if self.window is not None else min(self.chunk, self.max_len - s)
+      piece = np.zeros((B, 2, width), np.int32)
       piece[:, 0, :n], piece[:, 1, :n] = tokens_BxT[:, s:s + n], tokens_BxT[:, s + 1:s + 1 + n]
       *outputs, kv = step(self.state, jnp.asarray(piece[:, 0]), jnp.asarray(piece[:, 1]),
                           jnp.full((B,), s, jnp.int32), kv, jnp.full((B,), n, jnp.int32))
@@ -140,14 +220,17 @@ class Generator:
   def token_nll(self, tokens_BxT) -> np.ndarray:
     """Per-token cross-entropy (nats) [B, T-1] of whole sequences: position t scores token t+1.
     Computed chunk by chunk through the cache, so no [T, T] attention or [T, V] logits of the
-    whole sequence is ever held (long-context evaluation)."""
-    return self._by_chunk(self._chunk_nll, tokens_BxT)[0]
+    whole sequence is ever held (long-context evaluation); with a window, token by token
+    through the ring (streaming)."""
+    step = self._chunk_nll if self.window is None else self._stream_nll
+    return self._by_chunk(step, tokens_BxT)[0]
 
   def token_scores(self, tokens_BxT) -> tuple[np.ndarray, np.ndarray]:
     """token_nll's cross-entropy [B, T-1] and the model's greedy prediction int32 [B, T-1] (the
     argmax of the logits at position t, a guess of token t+1: teacher-forced exact match),
     chunked through the cache like token_nll."""
-    nll, argmax = self._by_chunk(self._chunk_scores, tokens_BxT)
+    step = self._chunk_scores if self.window is None else self._stream_scores
+    nll, argmax = self._by_chunk(step, tokens_BxT)
     return nll, argmax
 
   @functools.partial(jax.jit, static_argnums=0)
@@ -161,6 +244,8 @@ class Generator:
     length (right-padded to P; default P): a hybrid's Gated DeltaNet state takes each prompt's
     own tokens only, so a sequence decodes on from its prompt's last token."""
     B, P = tokens_BxP.shape
+    if self.window is not None:
+      return self._prefill_stream(tokens_BxP)
     lens_B = np.full((B,), P, np.int32) if lens_B is None else np.asarray(lens_B, np.int32)
     kv = init_cache(self.cfg, B, self.max_len)
     out = []
@@ -173,6 +258,35 @@ class Generator:
                                 jnp.asarray(real_B))
       out.append(logits[:, :n])
     return jnp.concatenate(out, axis=1), kv
+
+  def _prefill_stream(self, tokens_BxP: np.ndarray):
+    """_prefill through the sliding window: the prompts token by token, `chunk` a call."""
+    B, P = tokens_BxP.shape
+    kv, out = self.init_cache(B), []
+    for s in range(0, P, self.chunk):
+      piece = np.zeros((B, self.chunk), np.int32)
+      n = min(self.chunk, P - s)
+      piece[:, :n] = tokens_BxP[:, s:s + n]
+      logits, kv = self._stream_logits(self.state, jnp.asarray(piece),
+                                       jnp.full((B,), s, jnp.int32), kv)
+      out.append(logits[:, :n])
+    return jnp.concatenate(out, axis=1), kv
+
+  def _prompts(self, tokens_BxP: np.ndarray, lens_B: np.ndarray):
+    """(logits [B, V] at each prompt's last token, the cache holding the prompts): right-padded
+    prompts of lengths `lens_B`."""
+    B, P = tokens_BxP.shape
+    if self.window is None:
+      logits, kv = self._prefill(tokens_BxP, lens_B)
+      return logits[np.arange(B), lens_B - 1], kv
+    kv, last = self.init_cache(B), jnp.zeros((B, self.cfg.vocab_size), jnp.float32)
+    for s in range(0, P, self.chunk):
+      piece = np.zeros((B, self.chunk), np.int32)
+      n = min(self.chunk, P - s)
+      piece[:, :n] = tokens_BxP[:, s:s + n]
+      last, kv = self._stream_prompts(self.state, jnp.asarray(piece),
+                                      jnp.full((B,), s, jnp.int32), jnp.asarray(lens_B), last, kv)
+    return last, kv
 
   def logits(self, tokens_BxT) -> jax.Array:
     """float32 logits [B, T, V] of whole sequences, computed in cached chunks (for inputs too
@@ -194,6 +308,9 @@ class Generator:
                use_cache: bool = True) -> Output:
     """Continues each prompt (a non-empty list of token ids). `use_cache=False` recomputes the
     whole sequence for every new token (the reference the cache is measured against)."""
+    if not use_cache and self.window is not None:
+      raise GenerateError('use_cache=False recomputes the whole sequence at every step: it has no '
+                          'sliding window; use the cache.')
     if temperature < 0 or not 0 < top_p <= 1:
       raise GenerateError(f'temperature={temperature} must be >= 0 and top_p={top_p} in (0, 1].')
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -207,9 +324,8 @@ class Generator:
     key = jax.random.key(seed)
     eos = -1 if eos_id is None else int(eos_id)
     if use_cache:
-      logits, kv = self._prefill(tokens[:, :P], lens)
-      first = sample_token(logits[np.arange(B), lens - 1], jax.random.fold_in(key, 0),
-                           temperature, top_p)
+      last_logits, kv = self._prompts(tokens[:, :P], lens)
+      first = sample_token(last_logits, jax.random.fold_in(key, 0), temperature, top_p)
       out_BxN, done = jax.device_get(self._decode_loop(
           self.state, first, jnp.asarray(lens), kv, key, max_new_tokens, temperature, top_p, eos))
       out = [[int(t) for t in row[row >= 0]] for row in out_BxN]

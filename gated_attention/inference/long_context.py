@@ -29,6 +29,15 @@ RUN/long_context/<tag>/ (report.json, long_context.md, loss_by_position.png, rul
 naming the RoPE setting unless long_context.tag names it.
 Attention runs through the KV cache in chunks of `chunk` tokens (generate.py): at most
 [batch, heads, chunk, length] scores exist at once, never [length, length] per head.
+
+Under a sliding window (long_context.window W, long_context.sinks S; model/kv_cache.py) the
+evaluation is StreamingLLM's (Xiao et al. 2023, Sec. 4.1): each document is decoded token by
+token through a cache that keeps the first S tokens and the last W, RoPE positions by place in
+the cache, and the token at position t + 1 is scored from the logits of step t. So the loss at
+positions below S + W is the full cache's (nothing has been evicted yet), and beyond it measures
+what the model loses once the beginning of the text is gone (with S = 0, the first token: its
+attention sink). RULER's prompts stream the same way, so a needle further back than the window
+is out of reach by construction. report['cache'] records the window, the sinks and the slots.
 """
 
 import dataclasses
@@ -63,6 +72,19 @@ CACHE_MARGIN = 64  # cache slots beyond the largest length (RULER's answers are 
 def cache_length(lengths: list[int]) -> int:
   """The KV cache's length for an evaluation of `lengths`: the largest + CACHE_MARGIN."""
   return max(lengths) + CACHE_MARGIN
+
+
+def window_tag(window) -> str:
+  """The sliding window's part of the output directory's name: '' for the full cache, else
+  _window<W>_sinks<S>."""
+  return '' if window is None else f'_window{window.window}_sinks{window.sinks}'
+
+
+def cache_report(gen) -> dict:
+  """What report['cache'] records of a Generator with a sliding window."""
+  return {'kind': 'sliding_window', 'window': gen.window.window, 'sinks': gen.window.sinks,
+          'slots': gen.cache_len, 'positions': 'by place in the cache (StreamingLLM)',
+          'evaluation': 'token by token (streaming)'}
 
 
 def rope_tag(model_cfg) -> str:
@@ -180,8 +202,11 @@ def ruler_accuracy(gen, data, tasks, lengths, count: int, seed: int, batch: int)
 def table(report) -> str:
   lengths = report['lengths']
   retrieval = report.get('retrieval')
+  cache = report.get('cache')
+  streamed = ('' if not cache else
+              f', streamed through a sliding window of {cache["window"]} + {cache["sinks"]} sinks')
   lines = [f'# {report["variant"]} step {report["step"]}, {report["rope_tag"]} '
-           f'(trained at {report["train_seq_len"]} tokens)', '',
+           f'(trained at {report["train_seq_len"]} tokens){streamed}', '',
            '| loss by position | ' + ' | '.join(f'{b["from"]}-{b["to"]}'
                                                 for b in report['loss']['buckets']) + ' |',
            '|---|' + '---|' * len(lengths),

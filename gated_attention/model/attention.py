@@ -29,8 +29,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention.model import attention_kernels, gating
+from gated_attention.model import attention_kernels, gating, kv_cache, quantization
 from gated_attention import sharding
+from gated_attention.errors import ConfigError
 from gated_attention.model.context import Context
 from gated_attention.model.layers import Inspectable, RMSNorm, param, project, project_in
 from gated_attention.model.rope import RoPE
@@ -39,18 +40,21 @@ ATTN_MAP_LEN = 128  # the inspect path records attention maps of the first posit
 
 
 def explicit_attention(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, q_positions_BxT=None,
-                       segment_ids_BxT=None):
+                       segment_ids_BxT=None, visible_BxTxS=None):
   """Causal softmax attention written out; returns (output, probs_BxHxTxS in float32).
 
   Key s sits at position s. Without `q_positions_BxT`, query t sits at position t (S == T);
   with it, each query attends to the keys at or before its position (a KV cache). With
-  `segment_ids_BxT` (S == T), only to keys of its own document."""
+  `segment_ids_BxT` (S == T), only to keys of its own document. `visible_BxTxS` (bool, or
+  broadcastable to it): which keys each query sees, instead of causality (kv_cache.py's ring)."""
   B, T, H, d = q_BxTxHxd.shape
   S, K = k_BxSxKxd.shape[1], k_BxSxKxd.shape[2]
   q_BxTxKxGxd = q_BxTxHxd.reshape(B, T, K, H // K, d)
   logits = jnp.einsum('btkgd,bskd->bkgts', q_BxTxKxGxd, k_BxSxKxd,
                       preferred_element_type=jnp.float32) / jnp.sqrt(d).astype(jnp.float32)
-  if q_positions_BxT is None:
+  if visible_BxTxS is not None:
+    causal = jnp.broadcast_to(visible_BxTxS, (B, T, S))[:, None, None]
+  elif q_positions_BxT is None:
     causal = attention_kernels.causal_mask(T, S)
   else:
     causal = (jnp.arange(S)[None, None, :] <= q_positions_BxT[:, :, None])[:, None, None]
@@ -111,15 +115,21 @@ class Attention(Inspectable, nnx.Module):
     """Returns (output [B, T, D], kv): this layer's cache `ctx.kv` with this call's keys and
     values written at `ctx.positions_BxT` (consecutive per sequence), or None without a cache
     (training). Reads `ctx.segment_ids_BxT` (document masking, not with a cache) and
-    `ctx.rope_tables` (made once for all layers by the Transformer; None: computed here)."""
+    `ctx.rope_tables` (made once for all layers by the Transformer; None: computed here).
+    With `ctx.ring` (kv_cache.py's sliding-window cache), `ctx.kv` is that ring of keys before
+    RoPE: `_ring_step`."""
     dt, gate, positions_BxT, kv = self.dtype, self.gate, ctx.positions_BxT, ctx.kv
     segment_ids_BxT = ctx.segment_ids_BxT
+    x_BxTxD = quantization.linear_input(self, 'attn_in', x_BxTxD)   # W_q, W_k, W_v, the gate
     q, gate_logits = gate.queries(x_BxTxD, self.wq[...], dt)
     k = project(x_BxTxD, self.wk[...].astype(dt))
     v = project(x_BxTxD, self.wv[...].astype(dt))
     q, k, v = gate('q', q, x_BxTxD), gate('k', k, x_BxTxD), gate('v', v, x_BxTxD)
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
+    if ctx.ring is not None:
+      y_BxTxHxd, kv = self._ring_step(q, k, v, x_BxTxD, ctx.ring, kv)
+      return self._output(y_BxTxHxd, x_BxTxD, gate_logits), kv
     sin_cos = self.rope.tables(positions_BxT) if ctx.rope_tables is None else ctx.rope_tables
     q, k = self.rope.rotate(q, *sin_cos), self.rope.rotate(k, *sin_cos)
     q, k = gate('q_rope', q, x_BxTxD), gate('k_rope', k, x_BxTxD)
@@ -137,11 +147,36 @@ class Attention(Inspectable, nnx.Module):
       y_BxTxHxd = attention_kernels.attend(q, k, v, self.impl, segment_ids_BxT,
                                            block_q=self.blocks[0], block_kv=self.blocks[1],
                                            platform=self.platform, fused_bwd=self.fused_bwd)
+    return self._output(y_BxTxHxd, x_BxTxD, gate_logits), kv
+
+  def _output(self, y_BxTxHxd, x_BxTxD, gate_logits):
+    """The gate at the SDPA output (G1), W_O, the gate at its output (G5)."""
+    gate = self.gate
     y_BxTxHxd = gate('sdpa', y_BxTxHxd, x_BxTxD, gate_logits)
     if self.inspect:
       self.sow(nnx.Intermediate, 'sdpa_post_gate', sparsity(y_BxTxHxd))
-    out_BxTxD = project_in(y_BxTxHxd, self.wo[...].astype(dt))
-    return gate('out', out_BxTxD, x_BxTxD), kv
+    y_BxTxHxd = quantization.linear_input(self, 'attn_out_proj_in', y_BxTxHxd, feature_axes=2)
+    out_BxTxD = project_in(y_BxTxHxd, self.wo[...].astype(self.dtype))
+    return gate('out', out_BxTxD, x_BxTxD)
+
+  def _ring_step(self, q, k, v, x_BxTxD, ring, kv):
+    """One token per sequence through the sliding-window cache (kv_cache.py): its key (before
+    RoPE) and value written at its slot, then attention over the visible slots, the query and
+    every key rotated by their places in the cache. Returns (y [B, 1, H, d], kv)."""
+    if q.shape[1] != 1:
+      raise ValueError(f'The sliding-window cache takes one token per sequence a call, not '
+                       f'{q.shape[1]} (inference/generate.py feeds prompts token by token).')
+    if self.gate.spec.hook == 'k_rope':
+      raise ConfigError('The sliding-window cache keeps keys before RoPE and rotates them at '
+                        'every step, so a gate on the rotated keys (G3 with '
+                        'model.gate.after_qk_norm_rope=True) cannot be applied to them; use the '
+                        'full cache (no window) for this variant.')
+    q = self.gate('q_rope', self.rope.rotate(q, *ring.query_tables), x_BxTxD)
+    q = sharding.constrain(q, ('batch', 'seq', 'act_heads', 'head_dim'))
+    kv = {'k': kv_cache.write_slot(kv['k'], k, ring), 'v': kv_cache.write_slot(kv['v'], v, ring)}
+    k_rot = self.rope.rotate(kv['k'], *ring.key_tables)
+    y_BxTxHxd, _ = explicit_attention(q, k_rot, kv['v'], visible_BxTxS=ring.valid_BxC[:, None])
+    return y_BxTxHxd, kv
 
   def _inspected_attention(self, q, k, v, segment_ids_BxT) -> jax.Array:
     """Explicit attention, sowing F-Attn per head (queries 1..T-1), the head-averaged map of

@@ -9,7 +9,8 @@ Each Block hands it to its Attention, which reads the positions, RoPE's sin / co
 ids and its layer's KV cache; the Block itself passes `pooled` on to an FFN that pools statistics
 (the MoE's global-batch load balancing, Qiu et al. 2025, Sec. 3.1): a dense FFN never sees it.
 
-Two kinds of field. Shared by every layer: `positions_BxT`, `rope_tables`, `segment_ids_BxT`.
+Two kinds of field. Shared by every layer: `positions_BxT`, `rope_tables`, `segment_ids_BxT`,
+`ring`.
 Per layer (`PER_LAYER`), stacked on a leading [L, ...] axis at the Transformer and one layer's
 slice inside a block: `kv` (the KV cache) and `pooled`. `split_layers` separates the two for
 `nnx.scan`: the per-layer part is the scanned input, the shared part is closed over by the scan's
@@ -40,6 +41,9 @@ class Context:
                    (a Gated DeltaNet layer's: its conv and recurrent state, deltanet.py)
   pooled           the FFNs' pooled statistics over all micro-batches (train.py): [L, ...], in a
                    block that layer's; or None
+  ring             a sliding-window cache's view of this decode step (kv_cache.RingView: the
+                   slot to write, the visible slots, RoPE's tables by place in the cache), with
+                   `kv` that ring of keys before RoPE; or None (the full cache, or none)
   """
   positions_BxT: jax.Array
   rope_tables: tuple[jax.Array, jax.Array] | None = None
@@ -47,6 +51,7 @@ class Context:
   valid_BxT: jax.Array | None = None
   kv: dict | None = None
   pooled: Any = None
+  ring: Any = None
 
   PER_LAYER = ('kv', 'pooled')
 

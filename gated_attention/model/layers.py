@@ -5,6 +5,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gated_attention import sharding
+from gated_attention.model import quantization
 
 
 def param(rngs: nnx.Rngs, shape, axes, std: float) -> nnx.Param:
@@ -55,7 +56,20 @@ class RMSNorm(nnx.Module):
     return (x32 * jax.lax.rsqrt(ms + self.eps) * scale).astype(x.dtype)
 
 
-class MLP(nnx.Module):
+class Inspectable:
+  """A module that records analysis statistics with `sow` when viewed with `inspect=True`
+  (see `capture_stats`); set `self.inspect = False` in `__init__`. Viewed with
+  `linear_inputs=quantization.LinearInputs(...)`, a module with linears quantizes their inputs
+  and / or records their moments (quantization.linear_input; absent: untouched)."""
+
+  def set_view(self, inspect: bool | None = None, linear_inputs=None):
+    if inspect is not None:
+      self.inspect = inspect
+    if linear_inputs is not None:
+      self.linear_inputs = linear_inputs
+
+
+class MLP(Inspectable, nnx.Module):
   """SwiGLU feed-forward: (silu(x W_gate) * x W_up) W_down.
 
   The FFN interface of transformer.py (shared with moe.MoE): `mlp(x) -> (y, aux)`, and
@@ -68,12 +82,15 @@ class MLP(nnx.Module):
     self.wi_up = param(rngs, (dim, ffn), ('embed', 'mlp'), std)
     self.wo = param(rngs, (ffn, dim), ('mlp', 'embed'), std)
     self.dtype = dtype
+    self.inspect = False
 
   def __call__(self, x_BxTxD: jax.Array) -> tuple[jax.Array, dict]:
     dt = self.dtype
+    x_BxTxD = quantization.linear_input(self, 'ffn_in', x_BxTxD)
     g_BxTxF = project(x_BxTxD, self.wi_gate[...].astype(dt))
     u_BxTxF = project(x_BxTxD, self.wi_up[...].astype(dt))
     h_BxTxF = sharding.constrain(jax.nn.silu(g_BxTxF) * u_BxTxF, ('batch', 'seq', 'mlp'))
+    h_BxTxF = quantization.linear_input(self, 'ffn_down_in', h_BxTxF)
     return project(h_BxTxF, self.wo[...].astype(dt)), {}
 
   def reduce_aux(self, aux_L: dict) -> tuple[float, dict]:
@@ -85,15 +102,6 @@ class MLP(nnx.Module):
 
   def inactive_params(self) -> int:
     return 0
-
-
-class Inspectable:
-  """A module that records analysis statistics with `sow` when viewed with `inspect=True`
-  (see `capture_stats`); set `self.inspect = False` in `__init__`."""
-
-  def set_view(self, inspect: bool | None = None):
-    if inspect is not None:
-      self.inspect = inspect
 
 
 def capture_stats(module: nnx.Module, *args, **kwargs) -> tuple:

@@ -56,7 +56,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention.model import grouped_matmul, moe_parallel
+from gated_attention.model import grouped_matmul, moe_parallel, quantization
+from gated_attention.model.layers import Inspectable
 from gated_attention import sharding
 from gated_attention.errors import ConfigError
 
@@ -151,12 +152,13 @@ class MoESpec:
     return self.lb_loss_type == 'global'
 
 
-class MoE(nnx.Module):
+class MoE(Inspectable, nnx.Module):
   """Top-k routed SwiGLU experts (+ optional shared experts). See module doc."""
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     """`cfg`: a config.ModelConfig whose `moe` is set."""
     m = self.spec = cfg.moe
+    self.inspect = False
     self.dtype = cfg.compute_dtype
     D, E, F, std = cfg.hidden_size, m.num_experts, m.expert_ffn_size, cfg.init_std
     self.router = _param(rngs, (D, E), std, ('embed', 'expert'))
@@ -208,7 +210,7 @@ class MoE(nnx.Module):
     m = self.spec
     B, T, D = x_BxTxD.shape
     N, E, K = B * T, m.num_experts, m.top_k
-    x_NxD = x_BxTxD.reshape(N, D)
+    x_NxD = quantization.linear_input(self, 'ffn_in', x_BxTxD.reshape(N, D))
     logits_NxE = x_NxD.astype(jnp.float32) @ self.router[...]
     probs_NxE, weights_NxK, experts_NxK = sharding.per_batch_shard(  # per token: split by batch
         route, logits_NxE, K, m.renormalize)

@@ -5,6 +5,8 @@
     logits_BxTxV, ffn_aux = model(tokens_BxT, segment_ids_BxT=document_ids(tokens_BxT, bos_id))
     logits_BxTxV, stats = inspect(model, tokens_BxT)      # + the analysis statistics
     logits_BxTxV, kv = model.decode(tokens_BxT, start_B, kv)  # with a KV cache (generate.py)
+    logits_Bx1xV, kv = model.decode(tokens_Bx1, pos_B, kv, window=kv_cache.Window(256, 4))
+                                                          # a sliding-window cache (kv_cache.py)
 
 Blocks are created once with `nnx.vmap` (parameters stacked on a leading 'layers' axis) and run
 with `nnx.scan`, so a 48-layer model compiles like a 1-layer one (`model.scan_layers=False`
@@ -60,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gated_attention.model import attention_kernels, deltanet
+from gated_attention.model import attention_kernels, deltanet, kv_cache
 from gated_attention import sharding
 from gated_attention.model.attention import Attention
 from gated_attention.model.deltanet import GatedDeltaNet
@@ -256,19 +258,33 @@ class Transformer(nnx.Module):
     return self.logits(h_BxTxD, self.head_kernel()), aux
 
   def decode(self, tokens_BxT: jax.Array, start_B: jax.Array, kv: dict,
-             lengths_B: jax.Array | None = None) -> tuple[jax.Array, dict]:
+             lengths_B: jax.Array | None = None, *, window: kv_cache.Window | None = None,
+             write_B: jax.Array | None = None) -> tuple[jax.Array, dict]:
     """With a KV cache (generate.py): sequence b's tokens sit at positions start_B[b] + t; the
     cache {'k', 'v'} [L, B, S, K, d] has every slot before start_B[b] written. Returns float32
     logits [B, T, V] and the cache with these tokens written. `lengths_B`: how many of the T
     tokens of each sequence are real (a right-padded prompt's chunk), or None (all): a Gated
-    DeltaNet's state passes the rest through (deltanet.py); attention masks them by causality."""
+    DeltaNet's state passes the rest through (deltanet.py); attention masks them by causality.
+
+    With `window` (kv_cache.py), the cache is a sliding window of window.capacity slots holding
+    keys before RoPE, and each call feeds one token per sequence (T = 1) at start_B; `write_B`
+    (bool [B], default all) says which sequences write theirs (attention-only models)."""
     T = tokens_BxT.shape[1]
     positions_BxT = start_B[:, None].astype(jnp.int32) + jnp.arange(T, dtype=jnp.int32)
-    valid_BxT = None
-    if lengths_B is not None:
-      valid_BxT = jnp.arange(T, dtype=jnp.int32)[None, :] < lengths_B[:, None]
-    ctx = Context(positions_BxT, rope_tables=self.rope.tables(positions_BxT), kv=kv,
-                  valid_BxT=valid_BxT)
+    if window is not None:
+      if self.cfg.is_hybrid:
+        raise ConfigError('The sliding-window cache is for attention-only models; a hybrid '
+                          '(model.layer_types with linear_attention) keeps its Gated DeltaNet '
+                          'state whole: use the full cache.')
+      write_B = jnp.ones(start_B.shape, bool) if write_B is None else write_B
+      ring = window.view(start_B.astype(jnp.int32), write_B, self.rope)
+      ctx = Context(positions_BxT, rope_tables=ring.query_tables, kv=kv, ring=ring)
+    else:
+      valid_BxT = None
+      if lengths_B is not None:
+        valid_BxT = jnp.arange(T, dtype=jnp.int32)[None, :] < lengths_B[:, None]
+      ctx = Context(positions_BxT, rope_tables=self.rope.tables(positions_BxT), kv=kv,
+                    valid_BxT=valid_BxT)
     h_BxTxD, (_, kv) = self._blocks(tokens_BxT, ctx)
     return self.logits(self.final_norm(h_BxTxD), self.head_kernel()), kv
 

@@ -38,7 +38,8 @@ class Flag:
 FLAGS = {f.name: f for f in (
     Flag('out', 'string', None, 'the output directory: compare\'s tables and figures (default '
          'compare/), export\'s Hugging Face directory, tokenize\'s shards (local or gs://), or '
-         'analyze\'s report for a run that is read-only (default RUN/analysis).'),
+         'analyze\'s / quantization\'s report for a run that is read-only (default '
+         'RUN/analysis, RUN/quantization).'),
     Flag('step', 'integer', None, 'which checkpoint of the run to open (default: the latest).'),
     Flag('topology', 'string', None, 'a TPU topology name, e.g. v5p:4x4x4.'),
     Flag('fit_grad_accum', 'bool', False, 'find the smallest config.train.grad_accum whose step '
@@ -63,6 +64,11 @@ FLAGS = {f.name: f for f in (
     Flag('temperature', 'float', 0.0, '0 is greedy; above 0 samples.'),
     Flag('top_p', 'float', 1.0, 'nucleus sampling keeps this probability mass.'),
     Flag('sample_seed', 'integer', 0, 'the seed of the samples.'),
+    Flag('window', 'integer', 0, 'a sliding-window KV cache that keeps the last WINDOW tokens '
+         '(StreamingLLM; RoPE positions by place in the cache): memory stays flat however long '
+         'the text; 0: the full cache.'),
+    Flag('sinks', 'integer', 0, 'with --window: also keep the first SINKS tokens (attention '
+         'sinks).'),
     Flag('seeds', 'list', [], 'several seeds of the config trained as one program (e.g. '
          '--seeds=0,1,2), each in its own run directory: --workdir with {seed} replaced, or '
          '--workdir/s<seed>.'),
@@ -135,11 +141,15 @@ MODES = {m.name: m for m in (
          flags=('out', 'step', 'export_dtype', 'max_shard_size', 'remote_code_dir'),
          needs_workdir=True, module='gated_attention.modes.hf_export'),
     Mode('sample', 'continues --prompt texts with a run\'s checkpoint (KV cache; greedy or '
-         'nucleus)', flags=('prompt', 'max_new_tokens', 'temperature', 'top_p',
-                                     'sample_seed', 'step'),
+         'nucleus; --window / --sinks: a sliding-window cache)',
+         flags=('prompt', 'max_new_tokens', 'temperature', 'top_p', 'sample_seed', 'step',
+                'window', 'sinks'),
          needs_workdir=True, distributed=True),
     Mode('long_context', 'loss by position and RULER-style retrieval beyond the training length',
          flags=('step',), needs_workdir=True, distributed=True),
+    Mode('quantization', 'the held-out loss under simulated W8A16 / W4A16 / W8A8 / W4A8 '
+         'quantization, and the linear inputs\' max and kurtosis', flags=('step', 'out'),
+         needs_workdir=True, distributed=True),
     Mode('tokenize', 'data.source tokenized once into ArrayRecord shards in --out, for '
          'data.source=tokenized', flags=('out',)),
     Mode('config', 'prints the resolved config (overrides applied and checked): a new run\'s, '

@@ -5,7 +5,13 @@
       --config.model.rope_scaling.type=yarn --config.model.rope_scaling.factor=4 \\
       --config.model.rope_scaling.original_max_len=1024        # evaluated with YaRN, no training
 
+  python main.py --mode=long_context --workdir=runs/g1_1k --config.long_context.window=256 \
+      --config.long_context.sinks=4     # streamed through a sliding-window cache (StreamingLLM)
+
 Writes RUN/long_context/<tag>/ (report.json, long_context.md, loss_by_position.png, ruler.png).
+With long_context.window, every sequence (the loss's documents, RULER's prompts) is streamed
+token by token through a sliding-window KV cache of `sinks` + `window` slots (model/kv_cache.py,
+StreamingLLM's perplexity evaluation), and the tag gains _window<W>_sinks<S>.
 A synthetic run is scored on its task's generated validation documents, and a task with answer
 positions (mqar) by its retrieval accuracy instead of the RULER text tasks.
 """
@@ -17,6 +23,7 @@ import time
 from gated_attention import input_pipeline
 from gated_attention import storage
 from gated_attention.inference import generate, long_context
+from gated_attention.model import kv_cache
 from gated_attention.runs import rundir
 from gated_attention.input_pipeline import ruler
 
@@ -29,10 +36,18 @@ def run(workdir: str, *, overrides: dict | None = None, step: int | None = None)
   cfg = rundir.eval_config(workdir, overrides, generation=True)
   opts = cfg.long_context
   lengths = long_context.evaluated_lengths(opts, cfg.data.seq_len)
+  window = kv_cache.Window.from_settings(
+      int(opts.window), int(opts.sinks),
+      names=('--config.long_context.window', '--config.long_context.sinks'))
   rundir.check_tokenizer(workdir, cfg, '--mode=long_context')
   run_ = rundir.load_run(workdir, step, config=cfg)
   data = input_pipeline.build_data(cfg.data, global_batch_size=1, seed=cfg.seed)
-  gen = generate.Generator(run_.model, max_len=long_context.cache_length(lengths), chunk=opts.chunk)
+  gen = generate.Generator(run_.model, max_len=long_context.cache_length(lengths), chunk=opts.chunk,
+                           window=window)
+  if window is not None:
+    print(f'Streaming every sequence token by token through a sliding-window cache: the first '
+          f'{gen.window.sinks} tokens and the last {gen.window.window} ({gen.cache_len} slots, '
+          'RoPE positions by place in the cache).', flush=True)
   task = getattr(data, 'task', None)  # a synthetic task: generated documents, its own retrieval
   docs = (long_context.synthetic_documents(task, max(lengths) + 1, opts.docs) if task else
           long_context.long_documents(data, max(lengths) + 1, opts.docs))
@@ -40,8 +55,10 @@ def run(workdir: str, *, overrides: dict | None = None, step: int | None = None)
             'step': run_.step, 'train_seq_len': int(cfg.data.seq_len),
             'rope_tag': long_context.rope_tag(run_.model_cfg),
             'rope_base': run_.model_cfg.rope_base,
-            'rope_scaling': dict(cfg.model.rope_scaling), 'lengths': lengths,
-            'loss': long_context.loss_by_position(gen, docs, lengths, opts.batch_size)}
+            'rope_scaling': dict(cfg.model.rope_scaling), 'lengths': lengths}
+  if window is not None:
+    report['cache'] = long_context.cache_report(gen)
+  report['loss'] = long_context.loss_by_position(gen, docs, lengths, opts.batch_size)
   print(f'loss by position over {report["loss"]["documents"]} held-out documents: ' +
         ', '.join(f'{b["from"]}-{b["to"]} {b["loss"]:.3f}' for b in report['loss']['buckets']),
         flush=True)
@@ -59,7 +76,8 @@ def run(workdir: str, *, overrides: dict | None = None, step: int | None = None)
         opts.batch_size) if tasks and opts.examples else {}
   report['examples_per_cell'] = int(opts.examples)
   report['seconds'] = round(time.time() - t0, 1)
-  out_dir = rundir.long_context_dir(workdir, opts.tag or report['rope_tag'])
+  out_dir = rundir.long_context_dir(
+      workdir, opts.tag or report['rope_tag'] + long_context.window_tag(gen.window))
   storage.makedirs(out_dir)
   storage.write(storage.join(out_dir, rundir.REPORT_FILE),
                 json.dumps(report, indent=1, allow_nan=False))
