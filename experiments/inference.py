@@ -25,9 +25,9 @@ Defined before the runs (the streaming measurements):
     trained on, so there the window is compared with the window with sinks.
 Quantization: the increase of each setting over the float model on the same held-out batches.
 Every difference between variants is the baseline's minus the variant's, paired by seed (a seed
-fixes both runs' initialisation and data), with its 95% t interval (experiments/report.py
-paired_gap): with n seeds the interval's half-width is the smallest difference the seeds could
-have detected.
+fixes both runs' initialisation and data), with its 95% t interval (experiments/stats.py paired)
+and the smallest true difference the t-test over those pairs finds with 80% power (stats.
+t_detectable, from the differences' observed spread): what the seeds could have detected.
 """
 
 import argparse
@@ -40,8 +40,9 @@ import sys
 
 import numpy as np
 
-from experiments import report, spec
+from experiments import rundata, sections, spec, stats
 from gated_attention import storage
+from gated_attention.runs import rundir as runs_lib
 
 LABELS = ('full', 'window', 'sinks')
 COLORS = {'full': 'black', 'window': 'tab:red', 'sinks': 'tab:blue'}
@@ -73,10 +74,10 @@ def stream(experiment, out: str):
   cache = f'--config.compilation_cache={storage.join(out, "xla_cache")}'
   for run in experiment.runs:
     workdir = _workdir(out, run)
-    if report.read_runner(workdir).get('status') != 'done':
+    if rundata.read_runner(workdir).get('status') != 'done':
       continue
     for label in experiment.long_context:
-      if report.read_long_context(workdir, label) is None:
+      if rundata.read_long_context(workdir, label) is None:
         print(f'{run.name}: --mode=long_context ({label})', flush=True)
         rc = _main_py(experiment.long_context_args(workdir, label) + [cache],
                       os.path.join(workdir, 'long_context.log'))
@@ -91,9 +92,9 @@ def quantize(experiment, module, out: str):
   cache = storage.join(out, 'xla_cache')
   for run in experiment.runs:
     workdir = _workdir(out, run)
-    if report.read_runner(workdir).get('status') != 'done':
+    if rundata.read_runner(workdir).get('status') != 'done':
       continue
-    if storage.isfile(storage.join(workdir, 'quantization', 'report.json')):
+    if storage.isfile(storage.join(runs_lib.quantization_dir(workdir), runs_lib.REPORT_FILE)):
       continue
     args = ['main.py', '--mode=quantization', f'--workdir={workdir}',
             f'--config.compilation_cache={cache}'] + [
@@ -107,12 +108,12 @@ def quantize(experiment, module, out: str):
 
 def read_run(workdir: str) -> dict | None:
   """One run's reports: analysis, the long-context labels, quantization; None if unfinished."""
-  if report.read_runner(workdir).get('status') != 'done':
+  if rundata.read_runner(workdir).get('status') != 'done':
     return None
-  lc = {label: report.read_long_context(workdir, label) for label in LABELS}
+  lc = {label: rundata.read_long_context(workdir, label) for label in LABELS}
   if any(v is None for v in lc.values()):
     return None
-  qpath = storage.join(workdir, 'quantization', 'report.json')
+  qpath = storage.join(runs_lib.quantization_dir(workdir), runs_lib.REPORT_FILE)
   quant = json.loads(storage.read_bytes(qpath)) if storage.isfile(qpath) else None
   analysis = json.loads(storage.read_bytes(storage.join(workdir, 'analysis', 'report.json')))
   config = json.loads(storage.read_bytes(storage.join(workdir, 'config.json')))
@@ -168,22 +169,35 @@ def collect(experiment, out: str) -> dict:
 
 
 def _ms(values, fmt='.3f') -> str:
+  """mean ± std over seeds (the std unsigned), or the one value."""
   values = [v for v in values if v is not None]
   if not values:
     return '-'
   if len(values) == 1:
     return format(values[0], fmt)
-  return f'{np.mean(values):{fmt}} ± {np.std(values, ddof=1):{fmt}}'
+  return f'{np.mean(values):{fmt}} ± {np.std(values, ddof=1):{fmt.lstrip("+")}}'
+
+
+def _paired(base: dict, other: dict) -> dict | None:
+  """stats.paired (baseline minus variant by seed) with `detectable`: the smallest true mean
+  difference the t-test over these pairs finds with 80% power (None without spread)."""
+  g = stats.paired(base, other)
+  if g is not None:
+    g['detectable'] = (stats.t_detectable(g['sd'], g['n']) if g['sd'] and g['n'] > 1
+                       else None)
+  return g
 
 
 def _gap(base: dict, other: dict, fmt='+.3f') -> str:
-  """baseline - variant paired by seed: mean [95% t interval] (pairs, lower in the variant)."""
-  g = report.paired_gap(base, other)
+  """baseline - variant paired by seed: mean [95% t interval] (pairs in which the variant is
+  lower; the smallest difference 80% power detects)."""
+  g = _paired(base, other)
   if g is None:
     return '-'
   ci = ('' if g['interval'] is None else
         f' [{g["interval"][0]:{fmt}}, {g["interval"][1]:{fmt}}]')
-  return f'{g["mean"]:{fmt}}{ci} (n={g["n"]}, {g["lower"]}/{g["n"]} lower)'
+  det = '' if g['detectable'] is None else f'; detects {g["detectable"]:.2g}'
+  return f'{g["mean"]:{fmt}}{ci} ({g["lower"]}/{g["n"]} lower{det})'
 
 
 def _by_seed(data, variant, key, sub=None) -> dict:
@@ -196,14 +210,16 @@ def _by_seed(data, variant, key, sub=None) -> dict:
   return out
 
 
+def _variants(data: dict) -> list[str]:
+  first = [v for v in ('baseline', 'g1_elementwise', 'g1_headwise') if v in data]
+  return first + sorted(v for v in data if v not in first)
+
+
 def tables(data: dict) -> tuple[str, dict]:
   """The markdown tables and a JSON summary of `collect`'s data."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
-  variants = [v for v in ('baseline', 'g1_elementwise', 'g1_headwise') if v in data] + sorted(
-      v for v in data if v not in ('baseline', 'g1_elementwise', 'g1_headwise'))
+  variants = _variants(data)
   base = variants[0]
-  any_run = next(iter(data[base].values()))
-  edges = any_run['edges']
+  edges = next(iter(data[base].values()))['edges']
   lines = ['Loss by position (nats a token, mean ± std over seeds) with the full cache and '
            'streamed through the windowed caches:', '',
            '| variant | cache | ' + ' | '.join(f'{a}-{b}' for a, b in edges) + ' |',
@@ -214,52 +230,51 @@ def tables(data: dict) -> tuple[str, dict]:
       lines.append(f'| {v} | {label} | ' + ' | '.join(cells) + ' |')
   summary = {'variants': {}, 'edges': edges}
   lines += ['', 'Streaming penalty in the comparison bucket (the windowed cache\'s loss minus the '
-            'full cache\'s, nats), collapses (window-only penalty above half the gap between '
-            'the full cache and guessing) with their 95% Wilson interval and Fisher\'s exact '
-            'test against the baseline, and beyond the training length the window\'s loss minus '
-            'the window with sinks\':', '',
+            'full cache\'s, nats, mean ± std), collapses (a window-only penalty above half the '
+            'gap between the full cache and guessing) with their 95% Wilson interval and '
+            'Fisher\'s exact test against the first variant, and beyond the training length the '
+            'window\'s loss minus the window with sinks\':', '',
             '| variant | seeds | window penalty | sinks penalty | collapsed (window) | Fisher p '
             '| window - sinks beyond | F-Attn max layer |', '|---|---|---|---|---|---|---|---|']
   base_c = None
   for v in variants:
     ms = list(data[v].values())
     k, n = sum(m['collapsed'] for m in ms), len(ms)
-    lo, hi = report.wilson_interval(k, n)
-    if base_c is None:
-      base_c, p = (k, n), None
-    else:
-      p = float(stats.fisher_exact([[base_c[0], base_c[1] - base_c[0]], [k, n - k]])[1])
+    lo, hi = stats.wilson_interval(k, n)
+    p = None if base_c is None else stats.fisher_exact(base_c[0], base_c[1], k, n)
+    base_c = base_c or (k, n)
     summary['variants'][v] = {'seeds': sorted(data[v]), 'collapsed': k, 'runs': n,
-                              'collapse_interval': [lo, hi], 'fisher_p': p}
-    lines.append(f'| {v} | {n} | {_ms([m["window_penalty"] for m in ms])} | '
-                 f'{_ms([m["sinks_penalty"] for m in ms])} | {k}/{n} [{lo:.2f}, {hi:.2f}] | '
-                 f'{"-" if p is None else format(p, ".3f")} | '
-                 f'{_ms([m["window_minus_sinks_beyond"] for m in ms])} | '
+                              'collapse_interval': [lo, hi], 'fisher_p': p,
+                              'collapsed_seeds': sorted(s for s, m in data[v].items()
+                                                        if m['collapsed'])}
+    lines.append(f'| {v} | {n} | {_ms([m["window_penalty"] for m in ms], "+.3f")} | '
+                 f'{_ms([m["sinks_penalty"] for m in ms], "+.3f")} | {k}/{n} [{lo:.2f}, {hi:.2f}] '
+                 f'| {"-" if p is None else format(p, ".3f")} | '
+                 f'{_ms([m["window_minus_sinks_beyond"] for m in ms], "+.3f")} | '
                  f'{_ms([m["f_attn_max"] for m in ms], ".2f")} |')
-  lines += ['', f'Paired by seed, {base} minus each variant (mean [95% t interval]): a positive '
-            'number is a penalty the variant avoids:', '',
-            '| variant | window penalty | sinks penalty | window - sinks beyond |',
-            '|---|---|---|---|']
-  for v in variants[1:]:
-    row = [_gap(_by_seed(data, base, key), _by_seed(data, v, key))
-           for key in ('window_penalty', 'sinks_penalty', 'window_minus_sinks_beyond')]
-    lines.append(f'| {v} | ' + ' | '.join(row) + ' |')
-    summary['variants'][v]['gaps'] = {
-        key: report.paired_gap(_by_seed(data, base, key), _by_seed(data, v, key))
-        for key in ('window_penalty', 'sinks_penalty', 'window_minus_sinks_beyond')}
+  gap_keys = ('window_penalty', 'sinks_penalty', 'window_minus_sinks_beyond')
+  if len(variants) > 1:
+    lines += ['', f'Paired by seed, {base} minus each variant (mean [95% t interval], the pairs '
+              'in which the variant is lower, and the smallest true difference these pairs '
+              'detect with 80% power): a positive number is a penalty the variant avoids:', '',
+              '| variant | window penalty | sinks penalty | window - sinks beyond |',
+              '|---|---|---|---|']
+    for v in variants[1:]:
+      gaps = {key: _paired(_by_seed(data, base, key), _by_seed(data, v, key)) for key in gap_keys}
+      summary['variants'][v]['gaps'] = gaps
+      lines.append(f'| {v} | ' + ' | '.join(
+          _gap(_by_seed(data, base, key), _by_seed(data, v, key)) for key in gap_keys) + ' |')
   quant_runs = [m for v in variants for m in data[v].values() if 'quant' in m]
   if quant_runs:
-    keys = list(quant_runs[0]['quant'])
-    names = quant_runs[0]['quant_names']
-    lines += ['', 'Quantization: each setting\'s loss increase over the float model (nats, mean '
-              '± std over seeds; model/quantization.py has the grids), then the baseline\'s '
-              'increase minus each variant\'s, paired by seed:', '',
-              '| setting | ' + ' | '.join(variants) + ' | ' +
-              ' | '.join(f'{base} - {v}' for v in variants[1:]) + ' |',
-              '|---|' + '---|' * (2 * len(variants) - 1)]
+    keys, names = list(quant_runs[0]['quant']), quant_runs[0]['quant_names']
+    cols = variants + [f'{base} - {v}' for v in variants[1:]]
+    lines += ['', 'Quantization: each setting\'s loss increase over the float model on the same '
+              'held-out batches (nats, mean ± std over seeds; model/quantization.py has the '
+              f'grids), then {base}\'s increase minus each variant\'s, paired by seed:', '',
+              '| setting | ' + ' | '.join(cols) + ' |', '|---|' + '---|' * len(cols)]
     lines.append('| float loss | ' + ' | '.join(
-        _ms([m.get('float_loss') for m in data[v].values()]) for v in variants) + ' |' +
-        ' |' * (len(variants) - 1))
+        [_ms([m.get('float_loss') for m in data[v].values()]) for v in variants] +
+        [''] * (len(variants) - 1)) + ' |')
     for key in keys:
       cells = [_ms([m['quant'].get(key) for m in data[v].values() if 'quant' in m], '+.4f')
                for v in variants]
@@ -267,8 +282,11 @@ def tables(data: dict) -> tuple[str, dict]:
               for v in variants[1:]]
       lines.append(f'| {names[key]} | ' + ' | '.join(cells + gaps) + ' |')
       for v in variants[1:]:
-        summary['variants'][v].setdefault('quant_gaps', {})[key] = report.paired_gap(
+        summary['variants'][v].setdefault('quant_gaps', {})[key] = _paired(
             _by_seed(data, base, 'quant', key), _by_seed(data, v, 'quant', key))
+      for v in variants:
+        summary['variants'][v].setdefault('quant', {})[key] = [
+            m['quant'].get(key) for m in data[v].values() if 'quant' in m]
     sites = list(quant_runs[0]['absmax'])
     lines += ['', 'The float model\'s linear inputs: the largest max |x| over layers, and the '
               'largest kurtosis over layers (mean ± std over seeds):', '',
@@ -280,6 +298,8 @@ def tables(data: dict) -> tuple[str, dict]:
       lines.append(f'| {v} | ' + ' | '.join(
           [_ms([m['absmax'][s] for m in ms], '.1f') for s in sites] +
           [_ms([m['kurtosis'][s] for m in ms], '.1f') for s in sites]) + ' |')
+      summary['variants'][v]['absmax'] = {s: [m['absmax'][s] for m in ms] for s in sites}
+      summary['variants'][v]['kurtosis'] = {s: [m['kurtosis'][s] for m in ms] for s in sites}
   return '\n'.join(lines) + '\n', summary
 
 
@@ -288,7 +308,7 @@ def figure(data: dict, path: str):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  variants = list(data)
+  variants = _variants(data)
   fig, axes = plt.subplots(1, len(variants), figsize=(4.2 * len(variants), 3.4), sharey=True,
                            squeeze=False)
   for ax, v in zip(axes[0], variants):
@@ -314,7 +334,7 @@ def figure(data: dict, path: str):
 def main(argv=None):
   args = parse_args(sys.argv[1:] if argv is None else argv)
   module = spec._module(args.experiment)  # pylint: disable=protected-access
-  experiment = spec.load(args.experiment, report.METRICS)
+  experiment = spec.load(args.experiment, rundata.METRICS)
   if set(experiment.long_context) != set(LABELS):
     raise spec.ExperimentError(f'{args.experiment}: LONG_CONTEXT must have the labels '
                                f'{", ".join(LABELS)} (it has {", ".join(experiment.long_context)}).')
@@ -342,7 +362,7 @@ def main(argv=None):
                            experiment.name)
     os.makedirs(fig_dir, exist_ok=True)
     shutil.copy(os.path.join(args.out, 'streaming.png'), os.path.join(fig_dir, 'streaming.png'))
-    report.update_section(args.results, f'{experiment.name}_inference',
+    sections.update_section(args.results, f'{experiment.name}_inference',
                           body + f'![streaming.png](figures/{experiment.name}/streaming.png)\n')
 
 

@@ -110,6 +110,7 @@ def _run_dir_grammar() -> re.Pattern:
       rundir.METRICS_DIR: rf'(?:/{number}\.jsonl)?',
       rundir.ANALYSIS_DIR: rf'(?:/(?:{e(rundir.REPORT_FILE)}|attention_maps\.npz|[a-z_]+\.png))?',
       rundir.LONG_CONTEXT_DIR: rf'(?:/{name}(?:/{name})?)?',
+      rundir.QUANTIZATION_DIR: rf'(?:/(?:{e(rundir.REPORT_FILE)}|quantization\.md))?',
       rundir.GOODPUT_DIR: rf'(?:/session-{number}\.json)?',
       rundir.PROFILE_DIR: r'(?:/.*)?',              # the profiler's own tree (plugins/profile/...)
       rundir.TENSORBOARD_DIR: r'(?:/.*)?',          # TensorBoard's event files

@@ -23,9 +23,6 @@ from gated_attention.inference import quantized
 from gated_attention.model import quantization
 from gated_attention.runs import rundir
 
-OUT_DIR = 'quantization'
-
-
 def run(workdir: str, *, overrides: dict | None = None, out_dir: str | None = None,
         step: int | None = None) -> dict:
   """Evaluates checkpoint `step` (default the latest) of the run in `workdir`; writes `out_dir`
@@ -43,7 +40,7 @@ def run(workdir: str, *, overrides: dict | None = None, out_dir: str | None = No
     raise ConfigError('The quantized evaluation needs held-out batches: set '
                       '--config.quantization.num_batches (or data.val_batches) to at least 1.')
   rundir.check_tokenizer(workdir, cfg, 'the quantized evaluation (held-out text)')
-  out_dir = out_dir or storage.join(workdir, OUT_DIR)
+  out_dir = out_dir or rundir.quantization_dir(workdir)
   if jax.process_index() == 0:
     storage.check_writable(out_dir, 'the quantized evaluation',
                            'Pass --out=DIR to write it elsewhere (the run is only read).')

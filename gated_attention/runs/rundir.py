@@ -60,6 +60,7 @@ LOGS_DIR = 'logs'
 LOCK_FILE = 'trainer.lock'       # lock.py's: the one trainer of the run
 TENSORBOARD_DIR = 'tensorboard'
 LONG_CONTEXT_DIR = 'long_context'
+QUANTIZATION_DIR = 'quantization'  # --mode=quantization's report.json and quantization.md
 GOODPUT_DIR = 'goodput'           # session-<n>.json: each session's time by cause (training/goodput.py)
 PROFILE_DIR = 'profile'           # profiler traces (training/profile.py), for TensorBoard / XProf
 GRAD_ACCUM_FILE = 'grad_accum.json'  # train.grad_accum=auto's choice and its devices (training/grad_accum.py)
@@ -374,6 +375,11 @@ def analysis_dir(workdir: str) -> str:
 def report_path(workdir: str) -> str:
   """RUN/analysis/report.json: --mode=analyze's report."""
   return storage.join(analysis_dir(workdir), REPORT_FILE)
+
+
+def quantization_dir(workdir: str) -> str:
+  """RUN/quantization/: --mode=quantization's report (inference/quantized.py)."""
+  return storage.join(workdir, QUANTIZATION_DIR)
 
 
 def long_context_dir(workdir: str, tag: str) -> str:
