@@ -86,9 +86,8 @@ def stream(experiment, out: str):
                 f'{workdir}/long_context.log', flush=True)
 
 
-def quantize(experiment, module, out: str):
+def quantize(experiment, out: str):
   """--mode=quantization of every finished run without RUN/quantization/report.json."""
-  overrides = dict(getattr(module, 'QUANTIZATION', {}))
   cache = storage.join(out, 'xla_cache')
   for run in experiment.runs:
     workdir = _workdir(out, run)
@@ -96,9 +95,7 @@ def quantize(experiment, module, out: str):
       continue
     if storage.isfile(storage.join(runs_lib.quantization_dir(workdir), runs_lib.REPORT_FILE)):
       continue
-    args = ['main.py', '--mode=quantization', f'--workdir={workdir}',
-            f'--config.compilation_cache={cache}'] + [
-                f'--config.{k}={v}' for k, v in overrides.items()]
+    args = experiment.quantization_args(workdir) + [f'--config.compilation_cache={cache}']
     print(f'{run.name}: --mode=quantization', flush=True)
     rc = _main_py(args, os.path.join(workdir, 'quantization.log'))
     if rc:
@@ -333,14 +330,13 @@ def figure(data: dict, path: str):
 
 def main(argv=None):
   args = parse_args(sys.argv[1:] if argv is None else argv)
-  module = spec._module(args.experiment)  # pylint: disable=protected-access
   experiment = spec.load(args.experiment, rundata.METRICS)
   if set(experiment.long_context) != set(LABELS):
     raise spec.ExperimentError(f'{args.experiment}: LONG_CONTEXT must have the labels '
                                f'{", ".join(LABELS)} (it has {", ".join(experiment.long_context)}).')
   if not args.tables_only:
     stream(experiment, args.out)
-    quantize(experiment, module, args.out)
+    quantize(experiment, args.out)
   data = collect(experiment, args.out)
   if not data:
     print('No finished run has its three long-context evaluations yet.')

@@ -56,6 +56,11 @@ Long context (optional; Qiu et al. 2025, Table 5):
                                                    # one evaluation per label, its overrides
   LONG_CONTEXT_OVERRIDES = {'long_context.lengths': '256,1024,4096'}  # of every evaluation
 
+Inference (optional; issue 53, experiments/inference.py): with LONG_CONTEXT labels full / window /
+sinks (a full cache and two sliding-window caches), the streaming tables, and
+  QUANTIZATION = {'quantization.group_size': 32}   # --mode=quantization of every run, its
+                                                   # overrides (--config.quantization.* ...)
+
 Runs are VARIANTS x POINTS x GRID combinations x SEEDS; a group is one (variant, grid point), and the
 table reports each column's mean ± std over the group's seeds.
 """
@@ -127,6 +132,7 @@ class Experiment:
   paired_metrics: tuple = ('val_loss',)
   paper: dict = dataclasses.field(default_factory=dict)
   paper_label: str = ''
+  quantization: dict = dataclasses.field(default_factory=dict)
 
   def analyze_args(self, workdir: str) -> list[str]:
     return ['main.py', '--mode=analyze', f'--workdir={workdir}'] + [
@@ -144,6 +150,11 @@ class Experiment:
                  'long_context.tag': label}
     return ['main.py', '--mode=long_context', f'--workdir={workdir}'] + [
         f'--config.{k}={_flag(v)}' for k, v in overrides.items()]
+
+  def quantization_args(self, workdir: str) -> list[str]:
+    """--mode=quantization of `workdir` with QUANTIZATION's overrides (RUN/quantization/)."""
+    return ['main.py', '--mode=quantization', f'--workdir={workdir}'] + [
+        f'--config.{k}={_flag(v)}' for k, v in self.quantization.items()]
 
   def groups(self) -> list[str]:
     return list(dict.fromkeys(r.group for r in self.runs))
@@ -391,8 +402,10 @@ def load(path: str, known_columns) -> Experiment:
       raise ExperimentError(f'{path}: POINT_NAMES must give each of the {len(points)} POINTS a '
                             'distinct name of letters, digits, -, _ and . (it names the group).')
   analyze_overrides = _overrides(path, 'ANALYZE_OVERRIDES', getattr(m, 'ANALYZE_OVERRIDES', {}))
+  quantization = _overrides(path, 'QUANTIZATION', getattr(m, 'QUANTIZATION', {}))
   _check_keys(path, variants, scale, [('OVERRIDES', common), ('GRID', grid),
-                                      ('ANALYZE_OVERRIDES', analyze_overrides)]
+                                      ('ANALYZE_OVERRIDES', analyze_overrides),
+                                      ('QUANTIZATION', quantization)]
               + [(f'VARIANT_OVERRIDES[{v!r}]', o) for v, o in per_variant.items()]
               + [(f'POINTS[{i}]', p) for i, p in enumerate(points)])
   per_seed = tuple(_names(path, 'PER_SEED', getattr(m, 'PER_SEED', None), ()))
@@ -427,7 +440,7 @@ def load(path: str, known_columns) -> Experiment:
                     second_cutoff=_second_cutoff(path, m),
                     spikes_after_warmup=bool(getattr(m, 'SPIKES_AFTER_WARMUP', False)),
                     paired=paired, paired_metrics=paired_metrics, paper=paper,
-                    paper_label=paper_label,
+                    paper_label=paper_label, quantization=quantization,
                     long_context_overrides=dict(getattr(m, 'LONG_CONTEXT_OVERRIDES', {})))
 
 

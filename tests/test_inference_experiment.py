@@ -65,3 +65,13 @@ def test_tables_pair_by_seed():
                if m['window_penalty'] > (math.log(33) - 1.1) / 2]
   assert summary['variants']['baseline']['collapsed_seeds'] == collapsed
   assert '| W8A8 (per tensor) |' in text and 'baseline - g1_elementwise' in text
+
+
+def test_the_experiment_files_declare_their_evaluations():
+  from experiments import rundata, spec  # pylint: disable=g-import-not-at-top
+  for name in ('inference_sink', 'inference_text'):
+    e = spec.load(f'experiments/{name}.py', rundata.METRICS)
+    assert set(e.long_context) == set(inference.LABELS)
+    args = e.quantization_args('/r')
+    assert args[:3] == ['main.py', '--mode=quantization', '--workdir=/r']
+    assert '--config.quantization.group_size=32' in args
