@@ -54,6 +54,8 @@ def parse_args(argv):
   p.add_argument('experiment', help='an experiment file with LONG_CONTEXT full / window / sinks')
   p.add_argument('--out', required=True, help='the runner\'s output directory of its runs')
   p.add_argument('--results', help='also write the section into this markdown file')
+  p.add_argument('--only', default='', help='comma-separated run names: evaluate only these '
+                 '(several processes side by side, each on its own runs)')
   p.add_argument('--tables-only', action='store_true',
                  help='run no evaluation; tabulate what the runs have')
   return p.parse_args(argv)
@@ -69,10 +71,13 @@ def _main_py(args: list[str], log: str) -> int:
                            stderr=subprocess.STDOUT)
 
 
-def stream(experiment, out: str):
-  """The LONG_CONTEXT evaluations (--mode=long_context) a finished run lacks."""
+def stream(experiment, out: str, only=()):
+  """The LONG_CONTEXT evaluations (--mode=long_context) a finished run lacks (`only`: of these
+  runs)."""
   cache = f'--config.compilation_cache={storage.join(out, "xla_cache")}'
   for run in experiment.runs:
+    if only and run.name not in only:
+      continue
     workdir = _workdir(out, run)
     if rundata.read_runner(workdir).get('status') != 'done':
       continue
@@ -86,10 +91,13 @@ def stream(experiment, out: str):
                 f'{workdir}/long_context.log', flush=True)
 
 
-def quantize(experiment, out: str):
-  """--mode=quantization of every finished run without RUN/quantization/report.json."""
+def quantize(experiment, out: str, only=()):
+  """--mode=quantization of every finished run without RUN/quantization/report.json (`only`:
+  of these runs)."""
   cache = storage.join(out, 'xla_cache')
   for run in experiment.runs:
+    if only and run.name not in only:
+      continue
     workdir = _workdir(out, run)
     if rundata.read_runner(workdir).get('status') != 'done':
       continue
@@ -334,9 +342,12 @@ def main(argv=None):
   if set(experiment.long_context) != set(LABELS):
     raise spec.ExperimentError(f'{args.experiment}: LONG_CONTEXT must have the labels '
                                f'{", ".join(LABELS)} (it has {", ".join(experiment.long_context)}).')
+  only = set(filter(None, args.only.split(',')))
   if not args.tables_only:
-    stream(experiment, args.out)
-    quantize(experiment, args.out)
+    stream(experiment, args.out, only)
+    quantize(experiment, args.out, only)
+    if only:
+      return
   data = collect(experiment, args.out)
   if not data:
     print('No finished run has its three long-context evaluations yet.')
