@@ -90,6 +90,21 @@ class Server:
     urllib.request.urlopen(req, timeout=10).read()
     return name
 
+  def read(self, bucket: str, name: str) -> bytes | None:
+    """The object's bytes on this very server (None if it has none): this process's storage
+    clients talk to the session's server (STORAGE_EMULATOR_HOST), not to a server of a test's
+    own."""
+    import urllib.error  # pylint: disable=g-import-not-at-top
+    import urllib.parse  # pylint: disable=g-import-not-at-top
+    url = (f'{self.url}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe="")}'
+           '?alt=media')
+    try:
+      return urllib.request.urlopen(url, timeout=10).read()
+    except urllib.error.HTTPError as e:
+      if e.code == 404:
+        return None
+      raise
+
   def stop(self):
     if self.proc.poll() is None:
       self.proc.terminate()

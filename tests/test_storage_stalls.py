@@ -505,7 +505,11 @@ def _two_signals_case(env, server, bucket, tmp_path):
   finally:
     proc.kill()
     proc.wait()
-  lock = json.loads(storage.read_bytes(storage.join(workdir, 'trainer.lock')))
+  # Read on this case's server: this process's storage clients talk to the session's server
+  # (STORAGE_EMULATOR_HOST), where the bucket does not exist (CI: a 404 on run/trainer.lock).
+  data = server.read(bucket, 'run/trainer.lock')
+  assert data is not None, f'no lock object on the run\'s server: {workdir}'
+  lock = json.loads(data)
   return proc.returncode, err_path.read_text(), lock, took
 
 
