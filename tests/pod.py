@@ -57,14 +57,14 @@ class Pod:
     self.procs, self.logs, self.event_time = [], [], None
 
   def command(self, i: int, port: int) -> list[str]:
-    overrides = {**OVERRIDES, 'train.steps': self.steps, 'train.stop_timeout': STOP_TIMEOUT,
-                 **self.extra}
+    overrides = {**OVERRIDES, 'train.steps': self.steps, 'train.stop_timeout': STOP_TIMEOUT}
     if self.processes > 1:
       overrides.update({'distributed.coordinator_address': f'127.0.0.1:{port}',
                         'distributed.num_processes': self.processes,
                         'distributed.process_id': i,
                         'distributed.heartbeat_timeout': HEARTBEAT,
                         'distributed.initialization_timeout': 120})
+    overrides.update(self.extra)
     held = ([sys.executable, '-m', 'tests.stall_point', self.hold[i], self._go_file(i)]
             if i in self.hold else [sys.executable])
     return (held + ['main.py', '--config=configs/g1_elementwise.py',

@@ -308,9 +308,12 @@ def _signal_during_close(env, tmp_path, name: str):
   logs = tmp_path / name.replace(' ', '_').replace('.', '_')
   logs.mkdir()
   # Only the training step compiles (no evaluation, no save before the stop): five pods share
-  # the machine, and a multi-process CPU run compiles without the persistent cache.
+  # the machine, and a multi-process CPU run compiles without the persistent cache. Ten
+  # processes on a few cores starve one another: a heartbeat of 4 s would call one lost.
   pod = Pod(str(logs / 'run'), 2, 2, env, STEPS, logs_dir=str(logs), hold={second: point},
-            extra={'train.eval_every': 1000, 'train.checkpoint_every': 1000})
+            extra={'train.eval_every': 1000, 'train.checkpoint_every': 1000,
+                   'distributed.heartbeat_timeout': 60,
+                   'distributed.initialization_timeout': 600})
   pod.start()
   try:
     pod.wait_for(lambda: pod.last_step() >= 4, timeout=900)
