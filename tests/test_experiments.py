@@ -473,7 +473,7 @@ def test_extension_and_long_context_stages(tmp_path, capsys):
                                         ('__init__.py', 'run.py', 'spec.py', 'scaling.py',
                                          'rundata.py', 'tables.py', 'stability.py', 'figures.py',
                                          'sections.py', 'processes.py', 'running.py',
-                                         'stats.py', 'paired.py', 'divergence.py')))
+                                         'stats.py', 'paired.py', 'divergence.py', 'inference.py')))
 def test_committed_experiment_files_load_and_name_real_config_fields(name):
   """Each experiments/<name>.py loads, and every override names a field of its variants' configs
   (a typo would otherwise fail its first run after minutes of training)."""
