@@ -16,7 +16,7 @@ window loses nothing the task needs: whatever the loss rises by once BOS is evic
 of the sink. experiments/inference.py adds the quantized evaluations and the paired statistics.
 """
 
-from experiments import sink_gates
+from experiments import inference_text, sink_gates
 
 SEEDS = [0, 1, 2, 3]
 VARIANTS = ['baseline', 'g1_elementwise', 'g1_headwise']
@@ -24,11 +24,7 @@ OVERRIDES = dict(sink_gates.OVERRIDES)
 COLUMNS = ['val_loss', 'f_attn_layers', 'f_attn_max', 'sink_seeds', 'm_act_mean', 'm_act_ratio',
            'm_act_bos', 'gate_score_mean']
 PER_SEED = ['f_attn_max']
-LONG_CONTEXT = {
-    'full': {},
-    'window': {'long_context.window': 64},
-    'sinks': {'long_context.window': 60, 'long_context.sinks': 4},
-}
+LONG_CONTEXT = dict(inference_text.LONG_CONTEXT)   # the same three caches as on natural text
 LONG_CONTEXT_OVERRIDES = {
     'long_context.lengths': '64,128,256,512',
     'long_context.docs': 16,
@@ -36,6 +32,5 @@ LONG_CONTEXT_OVERRIDES = {
     'long_context.chunk': 64,
     'long_context.examples': 0,
 }
-# experiments/inference.py: --mode=quantization of every run (--config.quantization.<key>)
-QUANTIZATION = {'quantization.settings': 'w8a16,w4a16,w16a8,w8a8,w4a8,w16a4,w4a4',
-                'quantization.group_size': 32, 'quantization.num_batches': 8}
+# experiments/inference.py: --mode=quantization of every run, as on natural text
+QUANTIZATION = dict(inference_text.QUANTIZATION)

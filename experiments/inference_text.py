@@ -18,15 +18,11 @@ evaluations and the paired statistics. ~2 minutes a run alone on the 2-core CPU 
 the machine shared), the evaluations ~1 minute more.
 """
 
+from experiments import table1_dense
+
 SEEDS = [0, 1, 2, 3]
 VARIANTS = ['baseline', 'g1_elementwise', 'g1_headwise']
-OVERRIDES = {
-    'train.steps': 300,
-    'train.warmup_steps': 30,
-    'train.eval_every': 300,
-    'train.checkpoint_every': 300,
-    'data.val_batches': 8,
-}
+OVERRIDES = dict(table1_dense.OVERRIDES)     # its runs, reused: the same commands
 COLUMNS = ['val_loss', 'ppl', 'f_attn_mean', 'f_attn_max', 'm_act_mean', 'm_act_ratio',
            'gate_score_mean', 'train_minutes']
 LONG_CONTEXT = {
