@@ -40,7 +40,7 @@ import sys
 
 import numpy as np
 
-from experiments import rundata, sections, spec, stats
+from experiments import rundata, running, sections, spec, stats
 from gated_attention import storage
 from gated_attention.runs import rundir as runs_lib
 
@@ -61,30 +61,31 @@ def parse_args(argv):
   return p.parse_args(argv)
 
 
-def _workdir(out: str, run) -> str:
-  return storage.join(out, 'runs', run.name)
-
-
 def _main_py(args: list[str], log: str) -> int:
   with open(log, 'a') as f:
     return subprocess.call([sys.executable] + args, cwd=spec.REPO, stdout=f,
                            stderr=subprocess.STDOUT)
 
 
-def stream(experiment, out: str, only=()):
-  """The LONG_CONTEXT evaluations (--mode=long_context) a finished run lacks (`only`: of these
-  runs)."""
-  cache = f'--config.compilation_cache={storage.join(out, "xla_cache")}'
+def _finished_runs(experiment, out: str, only=()):
+  """(run, its directory) of each run whose training is done (`only`: of these runs)."""
   for run in experiment.runs:
     if only and run.name not in only:
       continue
-    workdir = _workdir(out, run)
-    if rundata.read_runner(workdir).get('status') != 'done':
-      continue
+    workdir = running.run_dir(out, run)
+    if rundata.read_runner(workdir).get('status') == 'done':
+      yield run, workdir
+
+
+def stream(experiment, out: str, only=()):
+  """The LONG_CONTEXT evaluations (--mode=long_context) a finished run lacks (`only`: of these
+  runs)."""
+  cache = storage.join(out, 'xla_cache')
+  for run, workdir in _finished_runs(experiment, out, only):
     for label in experiment.long_context:
       if rundata.read_long_context(workdir, label) is None:
         print(f'{run.name}: --mode=long_context ({label})', flush=True)
-        rc = _main_py(experiment.long_context_args(workdir, label) + [cache],
+        rc = _main_py(running.cached(experiment.long_context_args(workdir, label), cache),
                       os.path.join(workdir, 'long_context.log'))
         if rc:
           print(f'{run.name}: --mode=long_context failed (exit {rc}); see '
@@ -95,15 +96,10 @@ def quantize(experiment, out: str, only=()):
   """--mode=quantization of every finished run without RUN/quantization/report.json (`only`:
   of these runs)."""
   cache = storage.join(out, 'xla_cache')
-  for run in experiment.runs:
-    if only and run.name not in only:
-      continue
-    workdir = _workdir(out, run)
-    if rundata.read_runner(workdir).get('status') != 'done':
-      continue
+  for run, workdir in _finished_runs(experiment, out, only):
     if storage.isfile(storage.join(runs_lib.quantization_dir(workdir), runs_lib.REPORT_FILE)):
       continue
-    args = experiment.quantization_args(workdir) + [f'--config.compilation_cache={cache}']
+    args = running.cached(experiment.quantization_args(workdir), cache)
     print(f'{run.name}: --mode=quantization', flush=True)
     rc = _main_py(args, os.path.join(workdir, 'quantization.log'))
     if rc:
@@ -167,7 +163,7 @@ def collect(experiment, out: str) -> dict:
   """{variant: {seed: measures}} of the finished runs."""
   data = {}
   for run in experiment.runs:
-    r = read_run(_workdir(out, run))
+    r = read_run(running.run_dir(out, run))
     if r is not None:
       data.setdefault(run.variant, {})[run.seed] = measures(r)
   return data
