@@ -145,19 +145,26 @@ def test_token_scores_equal_the_full_forward(gen):
   np.testing.assert_allclose(picked, full.max(-1), **TOL)   # ties: one of the largest
 
 
-def test_ragged_greedy_batch_equals_one_prompt_at_a_time_and_no_cache(gen):
-  prompts = [[1, 5, 9, 2, 7, 3], [1, 4], [1, 8, 8, 8]]
+def _greedy_batch_equals_one_prompt_at_a_time_and_no_cache(gen, prompts):
+  """7 greedy tokens of each prompt, batched ragged: the same as each prompt alone and as
+  without the cache, and each the argmax of the full forward pass over what came before."""
   batch = gen.generate(prompts, max_new_tokens=7)
-  assert [len(t) for t in batch.tokens] == [7, 7, 7] and batch.finished == [False] * 3
-  assert batch.new_tokens == 21 and batch.prompt_tokens == 12
+  assert [len(t) for t in batch.tokens] == [7] * len(prompts)
   for p, got in zip(prompts, batch.tokens):
     assert gen.generate([p], max_new_tokens=7).tokens[0] == got
   assert gen.generate(prompts, max_new_tokens=7, use_cache=False).tokens == batch.tokens
-  # greedy means: each new token is the argmax of the full forward pass over what came before
   seq = prompts[0] + batch.tokens[0]
   logits = _full_logits(gen, np.array([seq]))
   np.testing.assert_array_equal(np.argmax(logits[0, len(prompts[0]) - 1:-1], -1),
                                 batch.tokens[0])
+  return batch
+
+
+def test_ragged_greedy_batch_equals_one_prompt_at_a_time_and_no_cache(gen):
+  batch = _greedy_batch_equals_one_prompt_at_a_time_and_no_cache(
+      gen, [[1, 5, 9, 2, 7, 3], [1, 4], [1, 8, 8, 8]])
+  assert batch.finished == [False] * 3
+  assert batch.new_tokens == 21 and batch.prompt_tokens == 12
 
 
 @pytest.fixture(scope='module')
@@ -181,17 +188,8 @@ def test_hybrid_ragged_greedy_batch_equals_one_prompt_at_a_time_and_no_cache(hyb
   """A hybrid's cached greedy continuation (Gated DeltaNet conv / recurrent states and the
   attention layers' KV cache) equals the uncached forward's; prompts of different lengths share
   a batch, chunks of 4 tokens pad them (the padding must not enter the DeltaNet states)."""
-  gen = hybrid_gen
-  prompts = [[1, 5, 9, 2, 7, 3], [1, 4], [1, 8, 8, 8, 3]]
-  batch = gen.generate(prompts, max_new_tokens=7)
-  assert [len(t) for t in batch.tokens] == [7, 7, 7]
-  for p, got in zip(prompts, batch.tokens):
-    assert gen.generate([p], max_new_tokens=7).tokens[0] == got
-  assert gen.generate(prompts, max_new_tokens=7, use_cache=False).tokens == batch.tokens
-  seq = prompts[0] + batch.tokens[0]
-  logits = _full_logits(gen, np.array([seq]))
-  np.testing.assert_array_equal(np.argmax(logits[0, len(prompts[0]) - 1:-1], -1),
-                                batch.tokens[0])
+  batch = _greedy_batch_equals_one_prompt_at_a_time_and_no_cache(
+      hybrid_gen, [[1, 5, 9, 2, 7, 3], [1, 4], [1, 8, 8, 8, 3]])
   assert len(set(batch.tokens[0])) > 1                 # not a constant continuation
 
 
