@@ -4,11 +4,14 @@ The fixtures (tests/fixtures/hf/, made by make_fixtures.py) are small random-wei
 written by `transformers` itself, stock for the baseline and the authors' modeling_qwen3.py for
 the G1 gates, with their float32 logits and F-Attn: the independent reference. Stock Qwen3 is
 also checked live against the installed `transformers` (skipped without torch/transformers).
+Negative controls: a q_proj packed per query head, or k_proj and v_proj swapped, fails the
+fixtures' logit comparison.
 """
 
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -155,6 +158,52 @@ def test_import_maps_config_fields():
   assert (c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.num_kv_heads,
           c.model.head_dim, c.model.ffn_size, c.model.vocab_size) == (2, 48, 4, 2, 16, 80, 97)
   assert c.model.gate.granularity == 'elementwise' and c.hf.source.endswith('elementwise_tied')
+
+
+def _per_head_packing(w, H, K, d, g):
+  """The authors' widened q_proj [K (G d + G g), D] (per KV group: its G queries, then its G
+  gates) re-packed per query head, [q_h | g_h] (Qwen3-Next's packing): the wrong layout here."""
+  G = H // K
+  groups = w.reshape(K, G * (d + g), -1)
+  q, gate = groups[:, :G * d].reshape(H, d, -1), groups[:, G * d:].reshape(H, g, -1)
+  return np.concatenate([q, gate], axis=1).reshape(w.shape)
+
+
+@pytest.mark.parametrize('case', ['headwise_untied', 'elementwise_tied'])
+def test_a_wrong_q_proj_packing_or_k_v_swap_fails_the_comparison(case, tmp_path):
+  """Negative controls of test_import_logits_match_reference: the same comparison fails when
+  the fixture's q_proj holds the gate per query head ([q_h | g_h]) instead of per KV group, or
+  its k_proj and v_proj (the same shape) trade places: that test could have caught each."""
+  src = os.path.join(FIXTURES, case)
+  with open(os.path.join(src, 'config.json')) as f:
+    hf = json.load(f)
+  H, K, d = hf['num_attention_heads'], hf['num_key_value_heads'], hf['head_dim']
+  g = 1 if hf['headwise_attn_output_gate'] else d
+  ref = dict(np.load(os.path.join(src, 'reference.npz')))
+  files = safetensors_io.open_checkpoint(src)
+  tensors = {n: np.array(f.get(n)) for n, f in files.items()}
+  swap = {'k_proj': 'v_proj', 'v_proj': 'k_proj'}
+  changes = {
+      'per_head_packing': lambda n: (_per_head_packing(tensors[n], H, K, d, g)
+                                     if n.endswith('self_attn.q_proj.weight') else tensors[n]),
+      'k_v_swapped': lambda n: tensors[next((n.replace(a, b) for a, b in swap.items()
+                                             if f'self_attn.{a}.' in n), n)],
+  }
+  for label, change in changes.items():
+    wrong = tmp_path / label
+    os.makedirs(wrong)
+    for name in ('config.json', 'generation_config.json', 'tokenizer.json'):
+      if os.path.exists(os.path.join(src, name)):
+        shutil.copy(os.path.join(src, name), wrong)
+    changed = {n: change(n) for n in tensors}
+    assert any(not np.array_equal(changed[n], tensors[n]) for n in tensors), label
+    safetensors_io.write_file(str(wrong / 'model.safetensors'),
+                              [(n, a.shape, a.dtype, lambda a=a: a) for n, a in changed.items()],
+                              {'format': 'pt'})
+    config, params = load_hf(str(wrong))
+    logits, _ = _our_logits(config, params, ref['tokens'])
+    rel = np.max(np.abs(logits - ref['logits'])) / np.max(np.abs(ref['logits']))
+    assert rel > 100 * 1e-4, f'{case}, {label}: {rel:.2e} passes the comparison'
 
 
 # --------------------------------------------------------------------------------------------
