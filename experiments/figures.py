@@ -35,6 +35,19 @@ def _band(ax, x, values, color, label, marker=None):
     ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2, lw=0)
 
 
+def _layer_positions(results, metric: str, n: int) -> np.ndarray:
+  """The model layers a group's `n` per-layer values are of: a hybrid's F-Attn is per attention
+  layer (its reports' `attention_layers` name them: [3] for three DeltaNets then attention), every
+  other per-layer value per model layer."""
+  named = {tuple(r.report.get('attention_layers') or ()) for r in results
+           if r.status == 'done' and r.report}
+  if metric == 'f_attn_layers' and len(named) == 1:
+    (layers,) = named
+    if len(layers) == n:
+      return np.asarray(layers)
+  return np.arange(n)
+
+
 def per_layer_figure(experiment, results, metric: str, ylabel: str, log: bool = False) -> Figure:
   """One line per group: the per-layer `metric` (f_attn_layers, m_act_layers) over seeds."""
   fig, (ax,) = new_figure(7, 4)
@@ -44,7 +57,8 @@ def per_layer_figure(experiment, results, metric: str, ylabel: str, log: bool = 
     values = [[np.nan if x is None else x for x in v] for v in values if v is not None]
     seq_lens |= {r.report['seq_len'] for r in rs if r.report}
     if values and len({len(v) for v in values}) == 1:
-      _band(ax, np.arange(len(values[0])), values, f'C{i % 10}', group, marker='o')
+      _band(ax, _layer_positions(rs, metric, len(values[0])), values, f'C{i % 10}', group,
+            marker='o')
   if metric == 'f_attn_layers' and len(seq_lens) == 1:
     ax.axhline(metrics_lib.uniform_causal_f_attn(seq_lens.pop()), color='gray', ls=':',
                label='uniform causal attention')

@@ -243,6 +243,29 @@ def test_sinks_counted_per_layer_with_wilson_intervals():
   assert rundata.METRICS['sink_layer'][1](none) == 'none'
 
 
+def test_a_hybrids_f_attn_is_drawn_at_its_attention_layers():
+  """A hybrid's report has F-Attn for its attention layers only (attention_layers: [3] for three
+  DeltaNets then attention): the per-layer figure draws it at model layer 3, not at index 0, beside
+  an all-attention group's four layers (M-Act stays per model layer)."""
+  class Experiment:
+    name = 'hybrid'
+    def groups(self):
+      return ['hybrid', 'attention']
+  run = lambda group, seed: spec.Run(f'{group}_s{seed}', group, group, seed, ())  # noqa: E731
+  hybrid = {'f_attn': [0.4], 'attention_layers': [3], 'seq_len': 128,
+            'm_act': {'ffn_residual': [1.0, 2.0, 3.0, 4.0]}}
+  attention = {'f_attn': [0.6, 0.1, 0.1, 0.2], 'attention_layers': [0, 1, 2, 3], 'seq_len': 128,
+               'm_act': {'ffn_residual': [1.0, 2.0, 3.0, 4.0]}}
+  results = [rundata.Result(run(g, s), {'status': 'done'}, dict(r), [])
+             for g, r in (('hybrid', hybrid), ('attention', attention)) for s in (0, 1)]
+  drawn = lambda fig: {line.get_label().split(' (')[0]: list(line.get_xdata())  # noqa: E731
+                       for line in fig.axes[0].lines if '(n=' in line.get_label()}
+  f_attn = drawn(figures.per_layer_figure(Experiment(), results, 'f_attn_layers', 'F-Attn'))
+  assert f_attn == {'hybrid': [3], 'attention': [0, 1, 2, 3]}
+  m_act = drawn(figures.per_layer_figure(Experiment(), results, 'm_act_layers', 'M-Act'))
+  assert m_act == {'hybrid': [0, 1, 2, 3], 'attention': [0, 1, 2, 3]}
+
+
 def _m_act_report(values, tokens, texts):
   """A report's m_act / m_act_where for 2 layers; values[site] = [layer 0, layer 1]."""
   return {'m_act': values,
