@@ -233,12 +233,19 @@ def run_config(hf: dict, model_dir: str, *, compute_dtype: str = 'float32',
   c.model.rope_scaling.update(scaling)
   if dims.gate != 'none':
     c.model.gate.update(position='g1', granularity=dims.gate)
+  record_source(c, hf, model_dir, generation_config)
+  return c
+
+
+def record_source(c, hf: dict, model_dir: str, generation_config: dict | None):
+  """An import's run config keeps its source: the directory's tokenizer.json (when it has one)
+  as data.tokenizer, config.json and generation_config.json under `hf` (source_configs reads
+  them back for the export)."""
   tokenizer = os.path.join(os.path.abspath(model_dir), 'tokenizer.json')
   c.data.tokenizer = tokenizer if os.path.isfile(tokenizer) else ''
   c.hf = ml_collections.ConfigDict(dict(
       source=os.path.abspath(model_dir), config_json=json.dumps(hf, sort_keys=True),
       generation_config_json=json.dumps(generation_config or {}, sort_keys=True)))
-  return c
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,11 +321,7 @@ def hf_config(config, dims: Dims, dtype: str, *, bos_id: int | None = None) -> d
              tie_word_embeddings=dims.tied, rope_theta=m.rope_base, rope_scaling=None,
              attention_bias=False, use_sliding_window=False, sliding_window=None,
              max_window_layers=dims.L, attention_dropout=0.0, torch_dtype=dtype)
-  if bos_id is not None:
-    out.update(bos_token_id=bos_id, eos_token_id=bos_id)
-  # the source's own values (an import) win, except a missing token id the tokenizer supplies
-  out.update({k: src[k] for k in PASSTHROUGH if k in src
-              and not (src[k] is None and out.get(k) is not None)})
+  token_ids_and_source(out, src, bos_id, PASSTHROUGH)
   if m.rope_scaling.type == 'yarn':
     rs = m.rope_scaling
     out['rope_scaling'] = dict(rope_type='yarn', factor=rs.factor,
@@ -330,6 +333,15 @@ def hf_config(config, dims: Dims, dtype: str, *, bos_id: int | None = None) -> d
                headwise_attn_output_gate=dims.gate == 'headwise',
                elementwise_attn_output_gate=dims.gate == 'elementwise')
   return out
+
+
+def token_ids_and_source(out: dict, src: dict, bos_id: int | None, passthrough: tuple):
+  """An export's config.json `out`: the tokenizer's BOS as bos and eos, then the source's own
+  values of `passthrough` (an import's), except a missing token id the tokenizer supplies."""
+  if bos_id is not None:
+    out.update(bos_token_id=bos_id, eos_token_id=bos_id)
+  out.update({k: src[k] for k in passthrough if k in src
+              and not (src[k] is None and out.get(k) is not None)})
 
 
 def generation_config(config, hf_cfg: dict) -> dict:

@@ -24,7 +24,6 @@ its text model; a run trained here as qwen3_next, which holds a dense or a MoE h
 """
 
 import json
-import os
 
 import ml_collections
 
@@ -238,11 +237,7 @@ def run_config(hf: dict, model_dir: str, dims: HybridDims, *, compute_dtype: str
     c.analysis.update(batch_size=1, num_batches=1)
   c.variant = 'g1_elementwise'
   c.model = model
-  tokenizer = os.path.join(os.path.abspath(model_dir), 'tokenizer.json')
-  c.data.tokenizer = tokenizer if os.path.isfile(tokenizer) else ''
-  c.hf = ml_collections.ConfigDict(dict(
-      source=os.path.abspath(model_dir), config_json=json.dumps(hf, sort_keys=True),
-      generation_config_json=json.dumps(generation_config or {}, sort_keys=True)))
+  hf_config.record_source(c, hf, model_dir, generation_config)
   return c
 
 
@@ -352,10 +347,7 @@ def hf_config_json(config, dims: HybridDims, dtype: str, *, bos_id: int | None =
     out['intermediate_size'] = dims.F
     if dims.family == 'qwen3_next':
       out['num_experts'] = 0
-  if bos_id is not None:
-    out.update(bos_token_id=bos_id, eos_token_id=bos_id)
-  out.update({k: src[k] for k in PASSTHROUGH if k in src
-              and not (src[k] is None and out.get(k) is not None)})
+  hf_config.token_ids_and_source(out, src, bos_id, PASSTHROUGH)
   if m.rope_scaling.type == 'yarn':
     rs = m.rope_scaling
     rope_parameters.update(rope_type='yarn', factor=rs.factor,
