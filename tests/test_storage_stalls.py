@@ -340,6 +340,14 @@ from tests.test_faults import (REPO, assert_like_reference, env, main_cmd,  # no
 BOUNDS = {'GATED_ATTENTION_STORAGE_REQUEST_S': '3', 'GATED_ATTENTION_CHECKPOINT_WAIT_S': '3'}
 
 
+def _wait_for(text: str, log, proc, deadline: float, err):
+  """Until `text` stands in the file `log`; fails (the end of the stderr file `err`) if the
+  process ends first or `deadline` (time.monotonic) passes."""
+  while text not in log.read_text():
+    assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+    time.sleep(0.01)
+
+
 def _stall_training(workdir, env, server, tmp_path, *, at_step, term_after=None):
   """main.py trains on gs://; the endpoint freezes once step `at_step` is logged (a SIGTERM
   follows `term_after` s later, if given); thawed when the trainer ends. (exit status, stdout,
@@ -350,10 +358,7 @@ def _stall_training(workdir, env, server, tmp_path, *, at_step, term_after=None)
                             stderr=e)
   termed = None
   try:
-    deadline = time.monotonic() + 300
-    while f'step {at_step}/' not in out.read_text():
-      assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
-      time.sleep(0.01)
+    _wait_for(f'step {at_step}/', out, proc, time.monotonic() + 300, err)
     with stalled(server):
       frozen = time.monotonic()
       if term_after is not None:
@@ -406,20 +411,23 @@ def test_a_trainer_on_a_stalled_endpoint_stops_in_one_paragraph_and_resumes(
 HELD_BOUNDS = {'GATED_ATTENTION_STORAGE_REQUEST_S': '5', 'GATED_ATTENTION_CHECKPOINT_WAIT_S': '10'}
 
 
+def _start_held(cmd, env, tmp_path, point: str):
+  """main.py (`cmd`) with `point` (MODULE:QUALNAME) held at its first call until the file `go`
+  exists (tests/stall_point.py), with HELD_BOUNDS. (process, go, stdout file, stderr file)."""
+  go, out_path, err_path = tmp_path / 'go', tmp_path / 'stdout', tmp_path / 'stderr'
+  with open(out_path, 'w') as out, open(err_path, 'w') as err:
+    proc = subprocess.Popen([cmd[0], '-m', 'tests.stall_point', point, str(go), *cmd[1:]],
+                            cwd=REPO, env={**env, **HELD_BOUNDS}, stdout=out, stderr=err)
+  return proc, go, out_path, err_path
+
+
 def _held_stall(cmd, env, server, tmp_path, point: str) -> tuple[int, str, float]:
   """main.py with `point` (MODULE:QUALNAME) held at its first call (tests/stall_point.py), with
   HELD_BOUNDS; the server is stopped there, then the command goes on. (exit status, stderr,
   seconds from the stop to the exit); the server is thawed after."""
-  go = tmp_path / 'go'
-  err_path = tmp_path / 'stderr'
-  with open(tmp_path / 'stdout', 'w') as out, open(err_path, 'w') as err:
-    proc = subprocess.Popen([cmd[0], '-m', 'tests.stall_point', point, str(go), *cmd[1:]],
-                            cwd=REPO, env={**env, **HELD_BOUNDS}, stdout=out, stderr=err)
+  proc, go, _, err_path = _start_held(cmd, env, tmp_path, point)
   try:
-    deadline = time.monotonic() + 300
-    while 'stall point:' not in err_path.read_text():
-      assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
-      time.sleep(0.01)
+    _wait_for('stall point:', err_path, proc, time.monotonic() + 300, err_path)
     with stalled(server):
       stopped = time.monotonic()
       go.touch()
@@ -482,20 +490,13 @@ def _two_signals_case(env, server, bucket, tmp_path):
   import json  # pylint: disable=g-import-not-at-top
   workdir = f'gs://{bucket}/run'
   cmd = main_cmd(workdir)
-  go, err_path, out_path = tmp_path / 'go', tmp_path / 'stderr', tmp_path / 'stdout'
-  with open(out_path, 'w') as out, open(err_path, 'w') as err:
-    proc = subprocess.Popen([cmd[0], '-m', 'tests.stall_point',
-                             'gated_attention.training.session:close_run', str(go), *cmd[1:]],
-                            cwd=REPO, env={**env, **HELD_BOUNDS}, stdout=out, stderr=err)
+  proc, _, out_path, err_path = _start_held(cmd, env, tmp_path,
+                                            'gated_attention.training.session:close_run')
   try:
     deadline = time.monotonic() + 300
-    while 'step 14/' not in out_path.read_text():
-      assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
-      time.sleep(0.01)
+    _wait_for('step 14/', out_path, proc, deadline, err_path)
     with stalled(server):            # the run stops on it and starts closing: held there
-      while 'stall point:' not in err_path.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
-        time.sleep(0.01)
+      _wait_for('stall point:', err_path, proc, deadline, err_path)
     signalled = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
