@@ -65,15 +65,20 @@ def test_the_stop_timeout_ends_a_process_whose_main_thread_is_stuck():
   assert 'Traceback' not in err
 
 
-def test_a_second_signal_exits_at_once_while_the_main_thread_is_stuck():
-  proc = _stuck(timeout=60)
-  proc.send_signal(signal.SIGINT)
+def _signalled_twice(proc, sig) -> str:
+  """`sig` twice, 0.3 s apart: the process exits 128 + sig within 5 s of the second. Its stderr."""
+  proc.send_signal(sig)
   time.sleep(0.3)
   start = time.time()
-  proc.send_signal(signal.SIGINT)
+  proc.send_signal(sig)
   _, err = proc.communicate(timeout=30)
-  assert proc.returncode == 128 + signal.SIGINT, err
+  assert proc.returncode == 128 + sig, err
   assert time.time() - start < 5
+  return err
+
+
+def test_a_second_signal_exits_at_once_while_the_main_thread_is_stuck():
+  err = _signalled_twice(_stuck(timeout=60), signal.SIGINT)
   assert 'Interrupted again: stopped at once' in err and 'Traceback' not in err
 
 
@@ -141,14 +146,7 @@ def test_a_second_signal_keeps_the_paragraph_of_the_error_being_closed_on(tmp_pa
   """Before: two signals while a run closed on a storage error exited 143 with "Interrupted
   again" only, the storage paragraph lost (main.py prints it once the close is over) and the
   lock left for the next run to take over."""
-  proc = _closing(tmp_path)
-  proc.send_signal(signal.SIGTERM)
-  time.sleep(0.3)
-  start = time.time()
-  proc.send_signal(signal.SIGTERM)
-  _, err = proc.communicate(timeout=30)
-  assert proc.returncode == 128 + signal.SIGTERM, err
-  assert time.time() - start < 5
+  err = _signalled_twice(_closing(tmp_path), signal.SIGTERM)
   assert err.index('Error (StorageError): Storing the metrics rows failed') < err.index(
       'Interrupted again: stopped at once'), err
   assert not os.path.exists(tmp_path / 'trainer.lock'), os.listdir(tmp_path)
