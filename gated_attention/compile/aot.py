@@ -40,14 +40,6 @@ from gated_attention.training import fit
 from gated_attention.chips import CHIPS
 from gated_attention.errors import UserError
 
-def abstract_batch(setup, cfg) -> dict:
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  shape = (cfg.train.batch_size, cfg.data.seq_len)
-  return {k: jax.ShapeDtypeStruct(shape, dt, sharding=setup.batch_sharding)
-          for k, dt in (('inputs', jnp.int32), ('targets', jnp.int32),
-                        ('loss_mask', jnp.float32))}
-
 
 def shard_bytes(tree) -> int:
   import jax  # pylint: disable=g-import-not-at-top
@@ -184,9 +176,9 @@ def _not_fitting(out, error, config, n_dev, logs_before, per_device, state_bytes
 
 
 def memory_analysis(compiled, per_device, state_bytes) -> dict:
+  from gated_attention.training import grad_accum  # pylint: disable=g-import-not-at-top
   ma = compiled.memory_analysis()
-  total = (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes +
-           ma.temp_size_in_bytes + ma.generated_code_size_in_bytes)
+  total = grad_accum.total_bytes(ma)
   return {
       'arguments_bytes': ma.argument_size_in_bytes,
       'outputs_bytes': ma.output_size_in_bytes,
@@ -279,10 +271,11 @@ def _roofline(xla_flops, xla_bytes, loops, cost, analytic, per_device, n_dev, to
   }
 
 
-def _lower_and_compile(setup, config):
+def _lower_and_compile(setup):
   """(traced, compiled or None, error or None, {lower, compile} seconds, logs before)."""
   import jax  # pylint: disable=g-import-not-at-top
-  batch = abstract_batch(setup, config)
+  from gated_attention.training import grad_accum  # pylint: disable=g-import-not-at-top
+  batch = grad_accum.abstract_batch(setup)
   t0 = time.time()
   with jax.set_mesh(setup.mesh):
     traced = setup.train_step.trace(setup.abstract_params, setup.abstract_opt, batch, 1.0)
@@ -308,7 +301,7 @@ def report(config, topology: str, *, keep_hlo: bool = False) -> dict:
   analytic = model_lib.train_flops_per_token(setup.model_cfg, config.data.seq_len) * tokens
   out = _header(config, topology, devices, setup, analytic)
   per_device = out['chip_spec']['per_device']
-  traced, compiled, error, out['compile_seconds'], logs = _lower_and_compile(setup, config)
+  traced, compiled, error, out['compile_seconds'], logs = _lower_and_compile(setup)
   cost = hlo_cost.jaxpr_cost(traced.jaxpr)
   out['flops'].update(program_matmul_per_step=cost['flops'],
                       program_over_analytic=round(cost['flops'] / analytic, 3))

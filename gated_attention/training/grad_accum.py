@@ -91,9 +91,14 @@ def compiled_bytes(setup) -> int:
     if 'RESOURCE_EXHAUSTED' in text or 'out of memory' in text.lower():
       raise MemoryError(text.strip().splitlines()[0][:200]) from e
     raise
-  ma = compiled.memory_analysis()
-  return int(ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes +
-             ma.temp_size_in_bytes + ma.generated_code_size_in_bytes)
+  return int(total_bytes(compiled.memory_analysis()))
+
+
+def total_bytes(ma):
+  """Per-device bytes of a compiled program from its memory_analysis(): arguments + outputs -
+  aliased + temporaries + generated code (--mode=compile's total)."""
+  return (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes +
+          ma.temp_size_in_bytes + ma.generated_code_size_in_bytes)
 
 
 def _agreed(grad_accum: int) -> int:
