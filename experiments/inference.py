@@ -352,7 +352,7 @@ def main(argv=None):
   figure(data, os.path.join(args.out, 'streaming.png'))
   with open(os.path.join(args.out, 'inference.json'), 'w') as f:
     json.dump(summary, f, indent=1)
-  body = (f'## {experiment.title}: streaming and quantization\n\n'
+  body = (f'## {experiment.title}\n\n'
           f'{experiment.description}\n\nCommands: `python -m experiments.run {args.experiment}` '
           f'then `python -m experiments.inference {args.experiment}` (runs of '
           f'{", ".join(f"{v}: seeds {sorted(s)}" for v, s in sorted((v, list(d)) for v, d in data.items()))}); '
