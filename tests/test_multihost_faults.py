@@ -75,7 +75,7 @@ def reference(env, tmp_path_factory):
 
 
 def _report(event: str, codes):
-  """One line per event for docs/faults.md (pytest -s shows them): exit statuses and the
+  """One line per event for docs/faults.md (pytest -s -n 0 shows them): exit statuses and the
   seconds from the event to each process's exit."""
   print(f'\n[pod] {event}: ' + ', '.join(f'p{i} exit {c} after {t:.1f} s'
                                          for i, (c, t) in enumerate(codes)), flush=True)

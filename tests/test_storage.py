@@ -123,3 +123,12 @@ def test_entries_tell_files_from_folders(root):
   assert storage.entries(root) == {'a.jsonl': True, 'b.jsonl': False}
   assert storage.entries(storage.join(root, 'missing')) == {}
   assert storage.entries(storage.join(root, 'a.jsonl')) == {}
+
+
+def test_a_test_server_refuses_a_port_another_server_answers_on(gcs):
+  """tests/gcs_server.py: a fake-gcs-server started on a port another one already serves (a
+  free port taken before it bound it) is refused, not taken for its own: the clients would talk
+  to the other server (pytest-xdist's workers each run one)."""
+  from tests import gcs_server  # pylint: disable=g-import-not-at-top
+  with pytest.raises(gcs_server.PortTaken, match=f'port {gcs.server.port}'):
+    gcs_server.Server(gcs.server.port)
