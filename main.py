@@ -15,6 +15,7 @@
 Any config field can be overridden: --config.train.steps=100 --config.model.num_layers=2.
 """
 
+import atexit
 import os
 import signal
 import sys
@@ -33,6 +34,17 @@ def _stop_now(signum, frame):  # pylint: disable=unused-argument
   os._exit(130)  # pylint: disable=protected-access
 
 
+def _exiting():
+  """Registered before anything else, so it runs last at exit: the run's close and every other
+  exit step (jax.distributed's shutdown) are over, and only the interpreter's teardown is left,
+  where Python puts the default action back on the signals it handled. A stop signal arriving
+  there (a peer host's SIGTERM a moment after this process's stop was agreed and saved) killed it
+  with status -15; it is ignored instead (issue 57: a signal during the exit is not fatal)."""
+  for s in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(s, signal.SIG_IGN)
+
+
+atexit.register(_exiting)
 signal.signal(signal.SIGINT, _stop_now)
 from gated_attention import cli  # noqa: E402  pylint: disable=g-import-not-at-top
 
