@@ -805,9 +805,20 @@ def small_disk(reference, tmp_path):
 
 def _fill(path, leave=256 << 10):
   """Writes `path` until the disk has only `leave` bytes free (room for metrics, none for a
-  checkpoint)."""
-  with open(path, 'wb') as f:
-    f.write(b'\0' * max(shutil.disk_usage(os.path.dirname(path)).free - leave, 0))
+  checkpoint), or until it is full: the run writes beside it (a save, a metrics row), so the
+  free space read before may be gone before the filler's last bytes, and a full disk is what
+  these tests are after. Unbuffered, in 1 MiB writes: a refused write is seen here, not at close
+  (a CI run failed there: ENOSPC from the buffered file's close, the run having written first)."""
+  want = max(shutil.disk_usage(os.path.dirname(path)).free - leave, 0)
+  with open(path, 'wb', buffering=0) as f:
+    while want > 0:
+      try:
+        written = f.write(b'\0' * min(want, 1 << 20))
+      except OSError as e:
+        if e.errno != errno.ENOSPC:
+          raise
+        return
+      want -= written
 
 
 def _resume_elsewhere(workdir, tmp_path, reference):
