@@ -148,6 +148,11 @@ def main():
   with open(OUT, 'w') as f:
     json.dump(out, f)
   if MODE != 'reference':
+    # As main.py does (gated_attention/cli.py): finished first, so this process's heartbeat
+    # watch stops before the coordinator does. Without it, on a loaded machine, process 0's
+    # watch beat once more after the service had shut down and exited 75, "the coordinator
+    # does not answer" (a README test run beside a training run).
+    cluster.finish()
     jax.distributed.shutdown()
 
 

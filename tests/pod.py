@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from tests import xla
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A tiny G1 model (the fault suite's, tests/test_faults.py) whose batch of 8 divides over 1, 2, 4
 # and 8 devices; a checkpoint and an evaluation every 10 steps.
@@ -89,7 +91,7 @@ class Pod:
            if k not in ('JAX_COORDINATOR_ADDRESS', 'SLURM_STEP_ID', 'OMPI_COMM_WORLD_SIZE',
                         'TPU_WORKER_HOSTNAMES', 'MEGASCALE_COORDINATOR_ADDRESS')}
     env.update(JAX_PLATFORMS='cpu', JAX_COORDINATOR_BIND_ADDRESS=f'127.0.0.1:{port}',
-               XLA_FLAGS=f'--xla_force_host_platform_device_count={self.devices}')
+               XLA_FLAGS=xla.flags(self.devices))
     launch = next(_LAUNCHES)
     self.procs, self.logs, self.event_time = [], [], None
     for i in self.hold:

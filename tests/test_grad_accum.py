@@ -17,6 +17,7 @@ from gated_attention.training import fit
 from gated_attention.training import grad_accum
 from gated_attention.training import loop
 from gated_attention.training import train as train_lib
+from tests import xla
 from tests.test_train import read_metrics, tiny_config
 
 GIB = 2 ** 30
@@ -203,7 +204,7 @@ def test_main_py_chooses_on_eight_devices(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+  env = dict(os.environ, XLA_FLAGS=xla.flags(8),
              JAX_PLATFORMS='cpu')
   common = ['--config.train.grad_accum=auto', '--config.mesh.data=2', '--config.mesh.fsdp=4',
             '--config.mesh.rules=fsdp', '--config.train.batch_size=32', '--config.data.seq_len=32',

@@ -20,6 +20,7 @@ from gated_attention import cluster, sharding
 from gated_attention.compile import memory
 from gated_attention.training import train
 from gated_attention.model import transformer as model_lib
+from tests import xla
 from tests.jax_helpers import model_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -341,7 +342,7 @@ def test_distributed_is_a_no_op_for_one_process_and_checks_the_config(monkeypatc
 @pytest.fixture(scope='module')
 def eight_devices(tmp_path_factory):
   out = tmp_path_factory.mktemp('sharding') / 'results.json'
-  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  env = dict(os.environ, XLA_FLAGS=xla.flags(), JAX_PLATFORMS='cpu')
   proc = subprocess.run([sys.executable, os.path.join(REPO, 'tests', 'sharding_worker.py'),
                          str(out), *CASES, *GMM_CASES, *HYBRID_CASES, 'restore'], cwd=REPO, env=env,
                         capture_output=True,
