@@ -25,6 +25,7 @@ import pytest
 
 from gated_attention import compilation_cache
 from tests import gcs_server as gcs_lib
+from tests import timing
 from tests import xla
 
 _made = []
@@ -38,6 +39,7 @@ def _hands_tests_out(config) -> bool:
 
 def pytest_configure(config):
   xla.set_session_flags()   # -O0: about half the compile time (tests/xla.py)
+  timing.register(config)   # GATED_ATTENTION_TEST_TIMES=DIR: where each test's time goes
   if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
     _made.append(tempfile.mkdtemp(prefix='gated_attention_test_xla_cache_'))
     os.environ['JAX_COMPILATION_CACHE_DIR'] = _made[0]
