@@ -1428,8 +1428,7 @@ def test_a_reader_goes_on_past_the_checkpoint_a_trainer_removes_under_it(tmp_pat
 def test_a_reader_of_a_run_that_is_training(env, reference, tmp_path, monkeypatch, capsys):
   """Issue 57's case for real: main.py trains with a checkpoint every 2 steps, 2 kept; the
   notebook's loader (load_run: analyze, sample, export, long_context read the same way) reads
-  it, its first read held 1 s before it starts, so the trainer rotates that checkpoint away
-  under it. Each read ends with the newest checkpoint's verified parameters, a note where one
+  it, its first read held until the trainer has rotated that checkpoint away under it. Each read ends with the newest checkpoint's verified parameters, a note where one
   was removed mid-read, never a warning that blames the files or the config."""
   del reference   # the compilation cache
   workdir = str(tmp_path / 'run')
@@ -1448,9 +1447,11 @@ def test_a_reader_of_a_run_that_is_training(env, reference, tmp_path, monkeypatc
     held = []
 
     def slow_first(self, step, abstract):
-      if not held:
-        held.append(step)
-        time.sleep(1.0)
+      if not held:   # held until the trainer has rotated it away (a fixed 1 s was too short
+        held.append(step)   # for a loaded machine: no note, and the test failed)
+        gone, until = os.path.join(workdir, 'checkpoints', str(step)), time.time() + 120
+        while os.path.isdir(gone) and time.time() < until:
+          time.sleep(0.05)
       return read(self, step, abstract)
     monkeypatch.setattr(ckpt_lib.Checkpointer, '_read_params', slow_first)
     steps = []
