@@ -98,7 +98,8 @@ def _nothing_lost(before: list[int], workdir: str):
   """The checkpoints finished before an event are still there, but for the older ones a newer
   finished checkpoint rotated away (train.keep_checkpoints): a save can finish between the
   listing and the event, and its rotation is the run's, not the event's damage (a fresh clone's
-  run on a loaded machine saw that)."""
+  run on a loaded machine saw that). So: the newest survives, and none newer than the oldest
+  kept is missing."""
   after = finished(workdir)
   assert after and max(after) >= max(before, default=0), (before, after)
   assert {s for s in before if s >= min(after)} <= set(after), (before, after)
