@@ -15,6 +15,9 @@ and its workers inherit it: one cache for every worker and every subprocess, rem
 controller at the end. (JAX writes an entry in place; a reader that meets one half written warns
 and compiles afresh, so workers that compile the same program at once cost time, not results.)
 Each worker starts its own fake-gcs-server, on a port of its own, as it starts.
+
+Every program is compiled at LLVM's -O0 (tests/xla.py: about half the compile time, the same
+HLO), and GATED_ATTENTION_TEST_TIMES=DIR records where each test's time goes (tests/timing.py).
 """
 
 import os
