@@ -795,3 +795,17 @@ def test_scaling_tables_and_sizes_of_a_run(tmp_path):
   assert '| 100,000 | g1 | +0.0100 |' in text
   assert text.count('| g1 | +0.0100 |') == 3
   scaling.figure(results)
+
+
+def test_every_experiment_file_in_the_repository_loads():
+  """Each experiments/*.py that defines VARIANTS (an experiment, not a module of the runner)
+  passes spec.load's checks: its variants are configs, its override keys are config fields, its
+  seeds, columns and cutoffs are well formed. A file that a docstring names (e.g.
+  lr_stability_bf16.py names lr_stability_bf16_boundary.py) is one a reader can run."""
+  folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'experiments')
+  paths = sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith('.py'))
+  experiments = [p for p in paths if '\nVARIANTS' in open(p).read()]
+  assert len(experiments) >= 25, experiments
+  for path in experiments:
+    exp = spec.load(path, rundata.METRICS)
+    assert exp.runs and exp.title, path
