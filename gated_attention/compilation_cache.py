@@ -26,8 +26,16 @@ def off_for_multiprocess_cpu() -> bool:
   it once jax.distributed is up), whether config.compilation_cache or JAX_COMPILATION_CACHE_DIR
   asked for it: there, executables read back from the cache hang the processes in a collective
   (measured with jaxlib 0.10.2 and gloo: the evaluation's inspection pass, every time, with one
-  cache per process too; compiled afresh, the same programs run). TPU and GPU pods keep it.
-  Returns whether it did."""
+  cache per process too; compiled afresh, the same programs run). Why, as far as measured
+  (2026-12-07): each process's cache keys differ and JAX writes entries from process 0 only, so
+  in a second launch process 0 loads its executables while the others compile theirs; and an
+  executable deserialized on the CPU has another fingerprint than the same program freshly
+  compiled (jax's `.runtime_executable().fingerprint`, printed in both processes of a two-process
+  psum). That mixed launch ran the training and evaluation steps and hung in the inspection
+  pass's collectives. Which identifier the CPU collectives match on was not traced; the two
+  executables' fingerprints are the one difference measured. Since the keys differ, no setting
+  of ours makes every process load (or none): the cache stays off there.
+  TPU and GPU pods keep it. Returns whether it did."""
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1 or jax.default_backend() != 'cpu':
     return False

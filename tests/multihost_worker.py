@@ -23,11 +23,11 @@ import sys
 
 if __name__ == '__main__':   # (imported by a test for `config` alone, it leaves JAX as it is)
   MODE, OUT, WORKDIR, DEVICES = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-  os.environ['XLA_FLAGS'] = (f'--xla_force_host_platform_device_count={DEVICES}'
-                             ' --xla_backend_optimization_level=0'
-                             ' --xla_llvm_disable_expensive_passes=true')
-  os.environ['JAX_PLATFORMS'] = 'cpu'
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from tests import xla  # pylint: disable=g-import-not-at-top
+  xla.set_session_flags()                       # the tests' -O0 (tests/xla.py), if not set
+  os.environ['XLA_FLAGS'] = xla.flags(DEVICES)  # ... with DEVICES fake CPU devices
+  os.environ['JAX_PLATFORMS'] = 'cpu'
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

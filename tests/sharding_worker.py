@@ -16,10 +16,10 @@ import sys
 import tempfile
 import time
 
-os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
-                           ' --xla_backend_optimization_level=0'
-                           ' --xla_llvm_disable_expensive_passes=true')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import xla  # noqa: E402  (imports no JAX)
+xla.set_session_flags()                 # the tests' -O0 (tests/xla.py), if not set
+os.environ['XLA_FLAGS'] = xla.flags(8)  # ... with 8 fake CPU devices
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
