@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import textwrap
@@ -12,6 +13,8 @@ import pytest
 
 from experiments import (figures, processes, rundata, run, running, sections, spec, stability, stats,
                          tables)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 EXPERIMENT = textwrap.dedent('''\
     """Tiny runner check
@@ -800,12 +803,30 @@ def test_scaling_tables_and_sizes_of_a_run(tmp_path):
 def test_every_experiment_file_in_the_repository_loads():
   """Each experiments/*.py that defines VARIANTS (an experiment, not a module of the runner)
   passes spec.load's checks: its variants are configs, its override keys are config fields, its
-  seeds, columns and cutoffs are well formed. A file that a docstring names (e.g.
-  lr_stability_bf16.py names lr_stability_bf16_boundary.py) is one a reader can run."""
-  folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'experiments')
+  seeds, columns and cutoffs are well formed."""
+  folder = os.path.join(REPO_ROOT, 'experiments')
   paths = sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith('.py'))
-  experiments = [p for p in paths if '\nVARIANTS' in open(p).read()]
+  experiments = [p for p in paths if '\nVARIANTS' in _read(p)]
   assert len(experiments) >= 25, experiments
   for path in experiments:
     exp = spec.load(path, rundata.METRICS)
     assert exp.runs and exp.title, path
+
+
+def test_every_experiment_file_the_docs_name_exists():
+  """Every `experiments/<name>.py` that README.md, a guide in docs/ or a file in experiments/
+  names exists: a reader can run what the text points at (lr_stability_bf16.py's docstring, and
+  with it its results.md section, once named a boundary file that did not exist)."""
+  texts = [os.path.join(REPO_ROOT, 'README.md')]
+  for folder in ('docs', 'experiments'):
+    texts += [os.path.join(REPO_ROOT, folder, n) for n in os.listdir(os.path.join(REPO_ROOT, folder))
+              if n.endswith(('.md', '.py'))]
+  named = {m for t in texts for m in re.findall(r'experiments/[A-Za-z0-9_]+\.py', _read(t))}
+  assert 'experiments/lr_stability_bf16_boundary.py' in named   # the check sees a named file
+  missing = sorted(m for m in named if not os.path.isfile(os.path.join(REPO_ROOT, m)))
+  assert not missing, missing
+
+
+def _read(path: str) -> str:
+  with open(path, encoding='utf-8') as f:
+    return f.read()
