@@ -168,6 +168,35 @@ def test_a_checkpoint_finalize_that_stalls_ends_at_its_bound(gcs, fresh_waits):
     ckpt.close()
 
 
+def test_the_per_step_check_of_a_save_ends_at_its_bound(tmp_path, fresh_waits):
+  """The loop's check at every step (Checkpointer.check_for_errors) calls orbax's, which also
+  waits, without a timeout, for the checkpoint's metadata writes. On a frozen endpoint (a
+  slow-test trainer's stacks: check_for_errors -> metadata store wait_until_finished) that held
+  the run until the save's hard deadline ended the process, so it never closed on the stall.
+  Here orbax's check is made to hang as it did: the check ends after CHECKPOINT_WAIT_S with the
+  save's paragraph."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from gated_attention.runs import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path / 'run'), every=1)
+  frozen = threading.Event()
+  try:
+    ckpt.save_params(1, _tiny_state(1))
+    ckpt.check_for_errors()              # the real check: answers at once
+    fresh_waits.setattr(ckpt.manager, 'check_for_errors', lambda: frozen.wait(60))
+    fresh_waits.setattr(storage_waits, 'CHECKPOINT_WAIT_S', 1.0)
+    start = time.monotonic()
+    with pytest.raises(StorageError) as e, _alarm(30):
+      ckpt.check_for_errors()
+    took, message = time.monotonic() - start, str(e.value)
+    assert 0.9 < took < 3.0, took
+    assert re.search(r'^Saving a checkpoint to .* did not finish within 1 s: the storage stopped '
+                     r'answering.*checkpoints before it are intact', message), message
+    assert storage_waits.abandoned()
+  finally:
+    frozen.set()
+    storage_waits._abandoned.clear()  # pylint: disable=protected-access
+    ckpt.close()
+
 def test_a_lock_whose_heartbeat_cannot_be_written_refuses_to_save(gcs, fresh_waits):
   """Heartbeats that cannot be written (each bounded) for longer than the lock's staleness
   minus one beat: another trainer may take the run over, so the next save is refused in one

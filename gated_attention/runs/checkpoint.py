@@ -324,14 +324,17 @@ class Checkpointer:
     storage.waits.CHECKPOINT_WAIT_S: orbax's wait has no timeout, and a storage endpoint that
     stopped answering kept it (and the process) waiting for as long as it was down. Past the
     bound, a StorageError of one paragraph (orbax's threads are left behind)."""
+    with self._save_errors():
+      storage.waits.call(self.manager.wait_until_finished, *self._save_bound())
+
+  def _save_bound(self) -> tuple[float, str]:
+    """A wait on orbax's save: (storage.waits.CHECKPOINT_WAIT_S, the paragraph past it)."""
     seconds = storage.waits.CHECKPOINT_WAIT_S
-    stalled = (
+    return seconds, (
         f'Saving a checkpoint to {self.directory} did not finish within {seconds:.0f} s: the '
         'storage stopped answering (or is far slower than it should be). The checkpoints '
         'before it are intact; once the storage answers, run the same command again to resume '
         'from the latest one. (GATED_ATTENTION_CHECKPOINT_WAIT_S sets this bound.)')
-    with self._save_errors():
-      storage.waits.call(self.manager.wait_until_finished, seconds, stalled)
 
   def should_save(self, step: int) -> bool:
     """Every `every` steps, or when the cluster signals a preemption."""
@@ -365,11 +368,16 @@ class Checkpointer:
   def check_for_errors(self):
     """Raises a CheckpointError if an asynchronous save failed. orbax keeps the error of a
     failed save in its finalize thread (its check_for_errors misses it) until that thread is
-    joined, so a save that has finished is joined here (at once)."""
-    with self._save_errors():
+    joined, so a save that has finished is joined here (at once). Bounded as `wait` is: orbax's
+    check also waits for its metadata writes, without a timeout, and the loop calls it at every
+    step (a frozen endpoint held a trainer there until the save's hard deadline, past the
+    closing that releases the lock)."""
+    def check():
       self.manager.check_for_errors()
       if not self.manager.is_saving_in_progress():
         self.manager.wait_until_finished()
+    with self._save_errors():
+      storage.waits.call(check, *self._save_bound())
 
   def _check_disk_space(self):
     """Refuses a save the disk cannot hold: less free space than the last checkpoint took. It
