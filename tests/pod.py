@@ -54,6 +54,8 @@ class Pod:
   # {process: 'MODULE:QUALNAME'}: that process holds at the function's first call until `go(i)`
   # (tests/stall_point.py), so an event can be sent at that very point.
   hold: dict = dataclasses.field(default_factory=dict)
+  # {process: {NAME: value}}: that process's own additions to `env` (a cache directory of its own).
+  env_of: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     self.procs, self.logs, self.event_time = [], [], None
@@ -101,7 +103,8 @@ class Pod:
       path = os.path.join(self.logs_dir, f'launch{launch}_p{i}.txt')
       log = open(path, 'w+')  # pylint: disable=consider-using-with
       self.logs.append((path, log))
-      self.procs.append(subprocess.Popen(self.command(i, port), cwd=REPO, env=env, stdout=log,
+      self.procs.append(subprocess.Popen(self.command(i, port), cwd=REPO,
+                                         env={**env, **self.env_of.get(i, {})}, stdout=log,
                                          stderr=subprocess.STDOUT))
 
   def text(self, i: int = 0) -> str:

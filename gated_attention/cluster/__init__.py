@@ -11,8 +11,9 @@ A multi-process run, start to end, and where each part lives:
     Sources, first match wins: config.distributed.coordinator_address (+ num_processes and
     process_id); JAX_COORDINATOR_ADDRESS with JAX_NUM_PROCESSES and JAX_PROCESS_ID; a launcher
     JAX detects by itself (SLURM, Open MPI, Cloud TPU multi-host and multi-slice). Otherwise a
-    single process: nothing to do. On CPU devices gloo carries the collectives, and the
-    persistent compilation cache is off (cached CPU executables hang them).
+    single process: nothing to do. On CPU devices gloo carries the collectives, and every
+    process uses its freshly compiled programs in the form the persistent cache gives
+    (compilation_cache.for_multiprocess_cpu: cached and fresh CPU executables, mixed, hang them).
   - the mesh spans every process's devices (sharding.build_mesh; config.mesh.dcn_data puts the
     data axis across slices / hosts); the training batches are one global stream, and each
     process puts its devices' rows of it on them (train.Setup.global_batch), so a run saved by

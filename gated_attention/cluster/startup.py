@@ -97,7 +97,7 @@ def initialize(dist_cfg) -> bool:
                jax.device_count())
   if jax.process_count() > 1:
     liveness.start(jax_distributed_impl.global_state.client, heartbeat)
-    compilation_cache.off_for_multiprocess_cpu()
+    compilation_cache.for_multiprocess_cpu()
   return jax.process_count() > 1
 
 
