@@ -29,7 +29,7 @@ def log(message: str):
 # each command imports it itself.
 _PRELOAD = ['gated_attention.modes.train', 'gated_attention.modes.analyze',
             'gated_attention.modes.long_context', 'gated_attention.training.loop',
-            'gated_attention.analysis.plots', 'tensorboardX']
+            'gated_attention.analysis.plots']
 
 
 _FORKSERVER = []

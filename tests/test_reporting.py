@@ -107,3 +107,33 @@ def test_repair_torn_tail_keeps_every_whole_line(tmp_path, content):
   assert reporting.repair_torn_tail(str(path), say=lambda _: None) == len(content) - len(keep)
   assert path.read_bytes() == keep
   assert reporting.repair_torn_tail(str(tmp_path / 'absent.jsonl')) == 0
+
+
+def test_tensorboard_events_are_written_without_importing_torch(tmp_path):
+  """tensorboardX's writer imports torch whenever it is installed (it is here: the tests'
+  requirements), about 1 s and 180 MB in every `main.py` process for nothing its SummaryWriter
+  needs from it (reporting._summary_writer). In a fresh process: the events are written, torch
+  was not imported, and `import torch` still works after."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = (
+      'import sys\n'
+      'from gated_attention.training import reporting\n'
+      'writer = reporting.MetricsWriter(sys.argv[1])\n'
+      'writer.write(1, "train", {"loss": 3.25})\n'
+      'writer.close()\n'
+      'print("torch imported:", sys.modules.get("torch") is not None)\n'
+      'try:\n'
+      '  import torch\n'
+      '  print("torch imports after:", torch.ones(2).sum().item() == 2.0)\n'
+      'except ModuleNotFoundError:\n'
+      '  print("torch is not installed")\n')
+  out = subprocess.run([sys.executable, '-c', code, str(tmp_path)], capture_output=True,
+                       text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'torch imported: False' in out.stdout, out.stdout
+  events = os.listdir(tmp_path / rundir.TENSORBOARD_DIR)
+  assert any(name.startswith('events.out.tfevents') for name in events), events
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if importlib.util.find_spec('torch') is not None:   # installed: the blocked import was undone
+    assert 'torch imports after: True' in out.stdout, out.stdout

@@ -22,6 +22,24 @@ from gated_attention.runs import rundir
 _HOOKED = []
 
 
+def _summary_writer():
+  """tensorboardX's SummaryWriter, imported without torch. tensorboardX's writer imports torch
+  whenever it is installed (only to accept torch tensors as values; ours are floats): 1.4 of the
+  1.5 s its import took in every `main.py` process where torch is installed, as it is in this
+  repository's test environment (requirements-test.txt). A torch this process already imported
+  is left as it is."""
+  if 'torch' in sys.modules:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    return SummaryWriter
+  sys.modules['torch'] = None       # `import torch` raises ImportError while it is None
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  finally:
+    if sys.modules.get('torch', 0) is None:
+      del sys.modules['torch']
+  return SummaryWriter
+
+
 def _quiet_tensorboard_thread():
   """tensorboardX writes events in a thread of its own: on a full disk its OSError was a traceback
   on the console (and another from its exit hook), after the run's own one-paragraph error. A
@@ -188,8 +206,7 @@ class MetricsWriter:
       tb_dir = os.path.join(workdir, rundir.TENSORBOARD_DIR)
     self.tb_failed = threading.Event()
     try:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self.tb = SummaryWriter(tb_dir)
+      self.tb = _summary_writer()(tb_dir)
     except ImportError:  # TensorBoard output is optional
       self.tb = None
     except OSError as e:
