@@ -371,7 +371,7 @@ class Checkpointer:
     joined, so a save that has finished is joined here (at once). Bounded as `wait` is: orbax's
     check also waits for its metadata writes, without a timeout, and the loop calls it at every
     step (a frozen endpoint held a trainer there until the save's hard deadline, past the
-    closing that releases the lock)."""
+    closing that releases the lock). The bound's thread costs about 0.06 ms a step."""
     def check():
       self.manager.check_for_errors()
       if not self.manager.is_saving_in_progress():
