@@ -198,7 +198,9 @@ def logistic_fit(x, k, n, iterations: int = 100) -> dict:
   complete or quasi-complete separation), where the maximum-likelihood slope is infinite; then
   a, b, cov are None and `bracket` holds the x interval inside which x50 lies (the last x with no
   event, the first x with all; None where the grid has none). `converged` reports Newton's
-  method (steps halved until the likelihood rises; None fields if it did not get there)."""
+  method (steps halved until the likelihood rises; None fields if it did not get there). One
+  rate alone (experiments/lr_stability_bf16_boundary.py's sixteen seeds at 0.125) has no slope
+  to fit and no bracket: every field None, whatever its count."""
   x, k, n = (np.asarray(v, float) for v in (x, k, n))
   keep = n > 0
   x, k, n = x[keep], k[keep], n[keep]
@@ -206,8 +208,8 @@ def logistic_fit(x, k, n, iterations: int = 100) -> dict:
   x, k, n = x[order], k[order], n[order]
   out = {'a': None, 'b': None, 'cov': None, 'x50': None, 'x50_se': None, 'separated': False,
          'bracket': None, 'converged': False}
-  if np.all(k == 0) or np.all(k == n):
-    return out   # no event, or nothing but events: no curve to fit
+  if np.all(k == 0) or np.all(k == n) or len(np.unique(x)) < 2:
+    return out   # no event, nothing but events, or one x: no curve to fit
   for i in range(len(x)):   # (quasi-)separation: none below point i, all above it
     if np.all(k[:i] == 0) and np.all(k[i + 1:] == n[i + 1:]):
       none, full = x[k == 0], x[k == n]

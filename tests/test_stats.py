@@ -147,6 +147,15 @@ def test_logistic_separated_gives_a_bracket_and_ratio_bounds():
   assert r['ratio'] is None and r['bounds'] == pytest.approx([1.0, 4.0])
 
 
+def test_logistic_fit_of_one_rate_is_none():
+  """Seeds at one rate, some failing (the boundary runs: 5/8 at 0.125) say nothing about a
+  slope: no fit and no bracket (it was reported as 'above - (none failed on the grid)')."""
+  fit = stats.logistic_fit(np.log([0.125]), [5], [8])
+  assert fit['x50'] is None and fit['bracket'] is None and not fit['separated']
+  assert stats.logistic_fit(np.log([0.125, 0.125]), [2, 3], [4, 4])['bracket'] is None
+  assert stats.half_ratio(fit, fit) is None
+
+
 def test_half_ratio_of_shifted_curves():
   x = np.log(np.geomspace(0.05, 1.0, 10))
   n = np.full(10, 400)
