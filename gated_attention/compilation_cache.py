@@ -68,6 +68,7 @@ def _loaded_form_everywhere() -> bool:
   functions are not the ones they were written against."""
   import inspect  # pylint: disable=g-import-not-at-top
   import warnings  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
   from jax._src import compilation_cache as jax_cache  # pylint: disable=g-import-not-at-top
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
   if _PATCHED:
@@ -94,7 +95,6 @@ def _loaded_form_everywhere() -> bool:
   def cache_write(cache_key, compile_time_secs, module_name, backend, executable,
                   host_callbacks):
     """JAX's _cache_write without its process-0 rule (its other rules kept)."""
-    import jax  # pylint: disable=g-import-not-at-top
     if host_callbacks or compile_time_secs < jax.config.jax_persistent_cache_min_compile_time_secs:
       return
     try:

@@ -54,7 +54,6 @@ def test_an_unusable_directory_is_named(tmp_path, restore_jax):
     compilation_cache.enable(str(tmp_path / 'file' / 'cache'))
 
 
-
 def _launch(tmp_path, caches, name: str, bound: float = 240) -> dict:
   """A 2-process tests/pod.py run of 20 steps, process i with the cache directory caches[i]:
   {step: train loss}."""
