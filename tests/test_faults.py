@@ -1424,6 +1424,43 @@ def test_a_reader_goes_on_past_the_checkpoint_a_trainer_removes_under_it(tmp_pat
   trainer.close()
 
 
+def test_an_older_checkpoint_removed_as_the_reader_opens_is_no_damage(tmp_path, monkeypatch,
+                                                                      capsys):
+  """The trainer removes an older checkpoint (1) just as the reader opens the newest (3): orbax's
+  reader lists every step as it opens and meets 1's folder gone. Before: "Warning: checkpoint 3
+  ... is unusable ([Errno 2] No such file or directory: '.../checkpoints/1')" and checkpoint 2
+  read instead (seen on a loaded machine by test_a_reader_of_a_run_that_is_training); now the
+  listing is taken again and 3 is read, with no warning, whether newest or asked for by number."""
+  workdir = str(tmp_path / 'run')
+  trainer = ckpt_lib.Checkpointer(workdir, every=1, keep=3)
+  for step in (1, 2, 3):
+    trainer.save_params(step, _tiny(step))
+  trainer.wait()
+  reader = ckpt_lib.Checkpointer(workdir, read_only=True)
+  real, removed = ckpt_lib.ocp.CheckpointManager, []
+
+  def rotating(directory, *args, **kwargs):
+    if not removed:                        # the trainer's rotation, mid-listing
+      folder = os.path.join(workdir, 'checkpoints')
+      gone = os.path.join(folder, str(min(int(n) for n in os.listdir(folder) if n.isdigit())))
+      removed.append(gone)
+      shutil.rmtree(gone)
+      raise FileNotFoundError(errno.ENOENT, 'No such file or directory', gone)
+    return real(directory, *args, **kwargs)
+  monkeypatch.setattr(ckpt_lib.ocp, 'CheckpointManager', rotating)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _tiny(0))
+  step, params = reader.restore_latest_params(abstract)
+  out = capsys.readouterr().out
+  assert removed and step == 3, (removed, step, out)
+  assert_bitwise(jax.device_get(params), _tiny(3))
+  assert 'Warning' not in out and 'unusable' not in out, out
+  removed.clear()                          # by number: 2 goes as 3 is opened
+  assert_bitwise(jax.device_get(reader.restore_params(3, abstract)), _tiny(3))
+  assert removed and 'Warning' not in capsys.readouterr().out
+  reader.close()
+  trainer.close()
+
+
 @pytest.mark.slow   # a real trainer and reads of it (~30 s)
 def test_a_reader_of_a_run_that_is_training(env, reference, tmp_path, monkeypatch, capsys):
   """Issue 57's case for real: main.py trains with a checkpoint every 2 steps, 2 kept; the

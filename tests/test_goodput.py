@@ -153,11 +153,14 @@ def test_a_killed_and_resumed_run_accounts_for_the_repeated_steps(tmp_path):
   cmd = main_cmd(workdir, **{'train.steps': 200, 'train.eval_every': 100,
                              'train.checkpoint_every': 100, 'train.log_every': 5})
 
-  def past_checkpoint_100():
-    s = _session(workdir, 1)
-    return (s is not None and s['step'] > 100
-            and not os.path.exists(os.path.join(workdir, 'checkpoints', '200')))
-  past_checkpoint_100.what = 'the account shows a step after checkpoint 100, before 200'
+  def past_checkpoint_100():   # and 100 finished: its save is asynchronous, and on a loaded
+    s = _session(workdir, 1)   # machine the steps ran past it while it was written (a run with
+    ckpts = os.path.join(workdir, 'checkpoints')   # the slow tests on two workers resumed at 0)
+    return (s is not None and s['step'] > 100 and os.path.isdir(os.path.join(ckpts, '100'))
+            and not any('tmp' in n for n in os.listdir(ckpts))
+            and not os.path.exists(os.path.join(ckpts, '200')))
+  past_checkpoint_100.what = ('the account shows a step after checkpoint 100, which is finished, '
+                              'before 200')
   t0 = time.time()
   kill_when(cmd, env, past_checkpoint_100, str(tmp_path / 'log'))
   killed_after = time.time() - t0

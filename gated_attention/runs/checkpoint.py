@@ -618,10 +618,10 @@ class Checkpointer:
     if not storage.isdir(storage.join(self.directory, str(step), 'state')):
       raise CheckpointError('empty or partial: it holds no state')
     item = {'params': abstract_params}
-    with _quiet_orbax():
-      options = ocp.CheckpointManagerOptions(read_only=True)
-      reader = ocp.CheckpointManager(self.directory, options=options,
-                                     item_names=('state', 'data'))
+    with _quiet_orbax():   # the reader lists every step as it opens: listed again where one
+      options = ocp.CheckpointManagerOptions(read_only=True)   # vanishes (a rotation; not damage)
+      reader = self._listing(lambda: ocp.CheckpointManager(
+          self.directory, options=options, item_names=('state', 'data')))
     try:
       with console.without_event_loop_noise(), _quiet_orbax():
         out = reader.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
